@@ -1,0 +1,106 @@
+"""Script arguments for video GRPO, parsed by ``TrlParser`` together with TRL's ``GRPOConfig`` and
+``ModelConfig`` from one YAML file plus command-line overrides.
+
+Every inconsistency that can be caught without loading a model is caught in ``__post_init__`` so that a
+bad recipe fails in a second, not after the model has loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Qwen2.5-VL: 14-px patches merged 2x2, so one visual token covers 28x28 pixels of *two* frames.
+PIXELS_PER_TOKEN = 28 * 28
+TEMPORAL_PATCH = 2
+
+DEFAULT_PROMPT = (
+    'To accurately pinpoint the event "{sentence}" in the video, determine the precise time period of the '
+    "event.\n\nOutput your thought process within the <think> </think> tags, including analysis with either "
+    "specific time ranges (xx.xx to xx.xx) in <think> </think> tags.\n\nThen, provide the start and end times "
+    "(in seconds, precise to two decimal places) in the format \"start time to end time\" within the "
+    "<answer> </answer> tags. For example: \"12.54 to 17.83\"."
+)
+
+
+@dataclass
+class GRPOScriptArguments:
+    """Data, video sampling and reward settings. Model and training settings live in TRL's dataclasses."""
+
+    train_file: str | None = field(
+        default=None,
+        metadata={"help": "Training annotations, JSONL with id, video, duration, solution [start, end], sentence."},
+    )
+    eval_file: str | None = field(
+        default=None, metadata={"help": "Optional evaluation annotations in the same format as train_file."}
+    )
+    video_root: str | None = field(
+        default=None,
+        metadata={"help": "Directory that relative `video` paths are resolved against. Default: the "
+                  "directory of the annotation file."},
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Keep only the first N training records (for smoke runs)."}
+    )
+    video_fps: float = field(
+        default=2.0, metadata={"help": "Frames sampled per second of video, before the frame and token caps."}
+    )
+    video_min_frames: int = field(default=4, metadata={"help": "Fewest frames sampled from any video."})
+    video_max_frames: int = field(default=64, metadata={"help": "Most frames sampled from any video."})
+    video_min_pixels: int = field(
+        default=16 * PIXELS_PER_TOKEN,
+        metadata={"help": "Smallest area (H*W) a sampled frame is resized to. Must be <= video_max_pixels."},
+    )
+    video_max_pixels: int = field(
+        default=256 * PIXELS_PER_TOKEN,
+        metadata={"help": "Largest area (H*W) a sampled frame is resized to."},
+    )
+    video_max_tokens: int = field(
+        default=3584,
+        metadata={"help": "Hard cap on visual tokens per video (frames/2 * H*W/784). Frames are first shrunk "
+                  "towards video_min_pixels, then fewer frames are taken, spread over the whole video."},
+    )
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["iou", "format"],
+        metadata={"help": "Reward names from video_grpo.rewards.REWARD_FUNCS, or dotted paths "
+                  "'package.module:function'. Weights come from GRPOConfig.reward_weights."},
+    )
+    prompt_template: str = field(
+        default=DEFAULT_PROMPT,
+        metadata={"help": "User prompt after the video. '{sentence}' is replaced by the query; '{duration}' "
+                  "(optional) by the video length in seconds."},
+    )
+
+    def __post_init__(self) -> None:
+        def fail(name: str, why: str) -> None:
+            raise ValueError(f"GRPOScriptArguments.{name}: {why}")
+
+        if self.video_fps <= 0:
+            fail("video_fps", f"must be > 0, got {self.video_fps}.")
+        if self.video_min_frames < 1:
+            fail("video_min_frames", f"must be >= 1, got {self.video_min_frames}.")
+        if self.video_min_frames > self.video_max_frames:
+            fail("video_min_frames", f"{self.video_min_frames} is above video_max_frames="
+                 f"{self.video_max_frames}; lower it or raise video_max_frames.")
+        if self.video_min_pixels < PIXELS_PER_TOKEN:
+            fail("video_min_pixels", f"must be >= {PIXELS_PER_TOKEN} (one 28x28 token), got {self.video_min_pixels}.")
+        if self.video_min_pixels > self.video_max_pixels:
+            fail("video_min_pixels", f"{self.video_min_pixels} is above video_max_pixels={self.video_max_pixels}; "
+                 "lower video_min_pixels or raise video_max_pixels.")
+        floor_frames = max(TEMPORAL_PATCH, self.video_min_frames + self.video_min_frames % TEMPORAL_PATCH)
+        floor_tokens = floor_frames // TEMPORAL_PATCH * (self.video_min_pixels // PIXELS_PER_TOKEN)
+        if self.video_max_tokens < floor_tokens:
+            fail("video_max_tokens", f"{self.video_max_tokens} cannot hold even video_min_frames={self.video_min_frames} "
+                 f"frames at video_min_pixels={self.video_min_pixels} ({floor_tokens} tokens); raise it to at least "
+                 f"{floor_tokens} or lower those two.")
+        if "{sentence}" not in self.prompt_template:
+            fail("prompt_template", "must contain '{sentence}' where the query goes.")
+        if isinstance(self.reward_funcs, str):
+            self.reward_funcs = [name.strip() for name in self.reward_funcs.split(",") if name.strip()]
+        if not self.reward_funcs:
+            fail("reward_funcs", "is empty; name at least one reward, e.g. [iou, format].")
+        from video_grpo.rewards import resolve_reward_funcs
+
+        try:
+            resolve_reward_funcs(self.reward_funcs)
+        except ValueError as err:
+            fail("reward_funcs", str(err))

@@ -1,0 +1,103 @@
+"""Train Qwen2.5-VL with GRPO on temporal video grounding.
+
+    accelerate launch --config_file configs/accelerate/zero3.yaml -m video_grpo.grpo \\
+        --config configs/grpo/qwen2_5_vl_7b_charades.yaml [--any_field value ...]
+
+One YAML holds the fields of three dataclasses: ``GRPOScriptArguments`` (data, video, rewards), TRL's
+``GRPOConfig`` (training) and ``ModelConfig`` (model, LoRA). Command-line flags override the YAML.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import datasets
+import transformers
+from transformers import AutoProcessor, set_seed
+from transformers.trainer_utils import get_last_checkpoint
+from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
+
+from video_grpo.configs import GRPOScriptArguments
+from video_grpo.data import build_datasets
+from video_grpo.rewards import resolve_reward_funcs
+from video_grpo.trainer import VideoGRPOTrainer
+
+logger = logging.getLogger(__name__)
+
+
+def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args: ModelConfig) -> None:
+    # Logging and seed
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    log_level = training_args.get_process_log_level()
+    logger.setLevel(log_level)
+    datasets.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    set_seed(training_args.seed)
+    if script_args.train_file is None:
+        raise ValueError("GRPOScriptArguments.train_file: not set; point it at a JSONL of grounding annotations.")
+
+    # Resume from the last checkpoint in output_dir, if any
+    last_checkpoint = None
+    if os.path.isdir(training_args.output_dir):
+        last_checkpoint = get_last_checkpoint(training_args.output_dir)
+    if last_checkpoint is not None and training_args.resume_from_checkpoint is None:
+        logger.info(f"Checkpoint detected, resuming training at {last_checkpoint}.")
+
+    # Rewards (resolved before the model loads, so a bad name fails fast)
+    reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
+
+    # Data: rows decode their video lazily, in DataLoader workers when dataloader_num_workers > 0
+    train_dataset, eval_dataset = build_datasets(script_args)
+    if eval_dataset is None and training_args.eval_strategy != "no":
+        raise ValueError("GRPOConfig.eval_strategy is set but GRPOScriptArguments.eval_file is not.")
+
+    # Model and processor. TRL loads the model from its path with these kwargs (and the reference model, if beta > 0).
+    training_args.model_init_kwargs = {
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+        **(training_args.model_init_kwargs or {}),
+    }
+    processor = AutoProcessor.from_pretrained(
+        model_args.model_name_or_path,
+        revision=model_args.model_revision,
+        trust_remote_code=training_args.trust_remote_code,
+    )
+
+    # Train
+    trainer = VideoGRPOTrainer(
+        model=model_args.model_name_or_path,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=processor,
+        peft_config=get_peft_config(model_args),
+    )
+    checkpoint = training_args.resume_from_checkpoint or last_checkpoint
+    train_result = trainer.train(resume_from_checkpoint=checkpoint)
+    metrics = train_result.metrics
+    metrics["train_samples"] = len(train_dataset)
+    trainer.log_metrics("train", metrics)
+    trainer.save_metrics("train", metrics)
+    trainer.save_state()
+
+    # Save the final model and processor
+    trainer.save_model(training_args.output_dir)
+    if trainer.accelerator.is_main_process:
+        processor.save_pretrained(training_args.output_dir)
+    logger.info(f"Model saved to {training_args.output_dir}")
+
+
+def parse_args(args: list[str] | None = None) -> tuple[GRPOScriptArguments, GRPOConfig, ModelConfig]:
+    parser = TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig))
+    return parser.parse_args_and_config(args)
+
+
+if __name__ == "__main__":
+    main(*parse_args())

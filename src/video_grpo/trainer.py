@@ -1,0 +1,154 @@
+"""``VideoGRPOTrainer``: TRL's GRPOTrainer with video that reaches every forward pass.
+
+TRL 1.16 routes only ``image``/``images`` columns. With video prompts, generation can see the frames but the
+old-policy, reference and loss forwards get none, and training silently continues on text alone. This
+subclass keeps each sample's processed video with its row and feeds it to every forward, with the
+``second_per_grid_ts`` of the *sampled* fps and the ``mm_token_type_ids`` that switch on Qwen2.5-VL's 3-D
+(time, height, width) positions.
+
+Rows carry three extra keys through TRL's shuffle-and-split of the generation batch:
+``video_pixels`` (a list, one ``(patches, 1176)`` tensor per row; the G repeats of a prompt share one tensor),
+``video_grid_thw`` ``(B, 3)`` and ``second_per_grid_ts`` ``(B,)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from trl import GRPOTrainer
+
+VIDEO_TOKEN_TYPE = 2  # Qwen2.5-VL mm_token_type_ids: 0 text, 1 image, 2 video
+
+
+class VideoGRPOTrainer(GRPOTrainer):
+    """GRPO for video-language models. Dataset rows need ``prompt``, ``video_frames`` and ``video_metadata``
+    (see :mod:`video_grpo.data`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        config = self.model.config
+        self.video_token_id = config.video_token_id
+        # TRL suppresses only <|image_pad|>; a sampled <|video_pad|> would break the next forward.
+        vision_ids = [config.image_token_id, config.video_token_id]
+        vision_ids += [getattr(config, "vision_start_token_id", None), getattr(config, "vision_end_token_id", None)]
+        suppressed = sorted({i for i in vision_ids if i is not None} | set(self.generation_kwargs.get("suppress_tokens") or []))
+        self.generation_kwargs["suppress_tokens"] = suppressed
+        self.generation_config.suppress_tokens = suppressed
+        self._video_rows: dict[str, Any] | None = None  # video inputs aligned with the rows being forwarded
+
+    # -- turning rows into processor inputs -------------------------------------------------------------------
+
+    def _process_videos(self, inputs: list[dict]) -> dict[str, Any]:
+        """Tokenize each row's prompt with its video. Identical (prompt, video) rows are processed once."""
+        processor = self.processing_class
+        texts = processor.apply_chat_template(
+            [x["prompt"] for x in inputs], tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
+        )
+        unique: dict[tuple[int, str], int] = {}
+        row_to_unique = [unique.setdefault((id(x["video_frames"]), t), len(unique)) for x, t in zip(inputs, texts, strict=True)]
+        firsts = {u: i for i, u in reversed(list(enumerate(row_to_unique)))}
+        order = [firsts[u] for u in range(len(unique))]
+        encoded = processor(
+            text=[texts[i] for i in order],
+            videos=[inputs[i]["video_frames"] for i in order],
+            video_metadata=[inputs[i]["video_metadata"] for i in order],
+            do_sample_frames=False,  # frames were sampled (and sized) by video_grpo.video
+            do_resize=False,
+            cap_pixels_per_frame=True,  # explicit, silences a transformers warning; frames are pre-sized anyway
+        )
+        grid = torch.as_tensor(encoded["video_grid_thw"]).long()
+        pixels = torch.split(torch.as_tensor(encoded["pixel_values_videos"]), grid.prod(-1).tolist())
+        seconds = torch.as_tensor(encoded["second_per_grid_ts"], dtype=torch.float32)
+        return {
+            "prompt_ids": [list(encoded["input_ids"][u]) for u in row_to_unique],
+            "video_pixels": [pixels[u] for u in row_to_unique],
+            "video_grid_thw": grid[row_to_unique],
+            "second_per_grid_ts": seconds[row_to_unique],
+        }
+
+    def _video_model_inputs(self, input_ids: torch.Tensor, start: int, end: int) -> dict[str, torch.Tensor]:
+        """Video kwargs for rows [start, end) of the batch being forwarded."""
+        rows = self._video_rows
+        device = input_ids.device
+        return {
+            "pixel_values_videos": torch.cat(rows["video_pixels"][start:end]).to(device),
+            "video_grid_thw": rows["video_grid_thw"][start:end].to(device),
+            "second_per_grid_ts": rows["second_per_grid_ts"][start:end].to(device),
+            # Without mm_token_type_ids Qwen2.5-VL silently falls back to 1-D text positions.
+            "mm_token_type_ids": (input_ids[start:end] == self.video_token_id).long() * VIDEO_TOKEN_TYPE,
+        }
+
+    # -- TRL overrides ------------------------------------------------------------------------------------------
+
+    # Why: TRL drops video; process it once here and keep it on every row of the generation batch.
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
+        self._video_rows = self._process_videos(inputs)
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            rows, self._video_rows = self._video_rows, None
+        output["video_pixels"] = rows["video_pixels"]
+        output["video_grid_thw"] = rows["video_grid_thw"]
+        output["second_per_grid_ts"] = rows["second_per_grid_ts"]
+        return output
+
+    # Why: generation must see the same token ids and video tensors as the later forwards.
+    def _tokenize_prompts(self, prompts: list):
+        rows = self._video_rows
+        multimodal_fields = {
+            "pixel_values_videos": torch.cat(rows["video_pixels"]),
+            "video_grid_thw": rows["video_grid_thw"],
+            "second_per_grid_ts": rows["second_per_grid_ts"],
+            "mm_token_type_ids": [
+                [VIDEO_TOKEN_TYPE if t == self.video_token_id else 0 for t in ids] for ids in rows["prompt_ids"]
+            ],
+        }
+        return rows["prompt_ids"], None, multimodal_fields
+
+    # Why: the loss forward gets its rows' video back (TRL passes only image tensors).
+    def _compute_loss(self, model, inputs: dict[str, Any]):
+        self._video_rows = {k: inputs[k] for k in ("video_pixels", "video_grid_thw", "second_per_grid_ts")}
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._video_rows = None
+
+    # Why: TRL slices only image tensors per chunk; we slice the rows' video tensors the same way.
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **image_kwargs,
+    ):
+        if self._video_rows is None:  # text-only batch
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **image_kwargs,
+            )
+        batch_size = batch_size or input_ids.size(0)
+        all_logps, all_entropies, all_aux = [], [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            end = min(start + batch_size, input_ids.size(0))
+            ids, mask = input_ids[start:end], attention_mask[start:end]
+            model_inputs = {"input_ids": ids, "attention_mask": mask, **self._video_model_inputs(input_ids, start, end)}
+            if compute_aux_loss:
+                model_inputs["output_router_logits"] = True
+            labels = ids.masked_fill(mask == 0, -100)
+            labels[:, :-logits_to_keep] = -100  # only completion tokens are scored
+            with self.accelerator.autocast():
+                outputs = model(**model_inputs, labels=labels, fused_lm_head=True)
+            all_logps.append(outputs.log_probs[:, -logits_to_keep:])
+            if compute_entropy:
+                all_entropies.append(outputs.entropy[:, -logits_to_keep:])
+            if compute_aux_loss:
+                all_aux.append(outputs.aux_loss)
+        logps = torch.cat(all_logps, dim=0)
+        entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
+        aux_loss = torch.stack(all_aux).mean() if compute_aux_loss else None
+        return logps, entropies, aux_loss
