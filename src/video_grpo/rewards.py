@@ -28,7 +28,7 @@ ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 # Bounded digit runs keep matching linear and reject absurd magnitudes early.
 _TIME = r"(?:\d{1,7}(?::\d{1,2}){0,2}(?:\.\d{1,6})?)"
 _UNIT = r"(?:\s*(?:seconds|second|secs|sec|s)\b)?"
-_SPAN_RE = re.compile(rf"(?<![\d.:])({_TIME}){_UNIT}\s*(?:to|-|–)\s*({_TIME}){_UNIT}(?![\d:])", re.IGNORECASE)
+_SPAN_RE = re.compile(rf"(?<![\d.:\-])({_TIME}){_UNIT}\s*(?:to|-|–)\s*({_TIME}){_UNIT}(?![\d:])", re.IGNORECASE)
 _FORMAT_RE = re.compile(
     r"\A\s*<think>(?:(?!</?think>|</?answer>).)*</think>\s*<answer>((?:(?!</?think>|</?answer>).)*)</answer>\s*\Z",
     re.DOTALL,

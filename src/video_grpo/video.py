@@ -69,7 +69,11 @@ class SampledVideo:
 
 
 def fit_frame_size(height: int, width: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Resize (height, width) to multiples of 28, keeping the aspect ratio, with min <= H*W <= max."""
+    """Resize (height, width) to multiples of 28, keeping the aspect ratio, with min <= H*W <= max.
+
+    When rounding to multiples of 28 cannot satisfy both (min close to max), min wins; the caller's frame-count
+    reduction then keeps the video within its token budget.
+    """
     if height <= 0 or width <= 0:
         raise ValueError(f"invalid frame size {height}x{width}")
     h = max(SIDE_FACTOR, round(height / SIDE_FACTOR) * SIDE_FACTOR)
@@ -78,7 +82,7 @@ def fit_frame_size(height: int, width: int, min_pixels: int, max_pixels: int) ->
         scale = math.sqrt(height * width / max_pixels)
         h = max(SIDE_FACTOR, math.floor(height / scale / SIDE_FACTOR) * SIDE_FACTOR)
         w = max(SIDE_FACTOR, math.floor(width / scale / SIDE_FACTOR) * SIDE_FACTOR)
-    elif h * w < min_pixels:
+    if h * w < min_pixels:
         scale = math.sqrt(min_pixels / (height * width))
         h = math.ceil(height * scale / SIDE_FACTOR) * SIDE_FACTOR
         w = math.ceil(width * scale / SIDE_FACTOR) * SIDE_FACTOR

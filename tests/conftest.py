@@ -1,0 +1,27 @@
+"""Shared fixtures: a tiny Qwen2.5-VL built once per session, and the committed sample videos."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = REPO / "data_samples"
+REFERENCE = REPO.parent / "shared" / "reference"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from video_grpo.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen2_5_vl")
+
+
+@pytest.fixture(scope="session")
+def train_file() -> Path:
+    return SAMPLES / "train.jsonl"

@@ -1,0 +1,50 @@
+import pytest
+import yaml
+from trl import GRPOConfig, ModelConfig, TrlParser
+
+from video_grpo.configs import GRPOScriptArguments
+from video_grpo.grpo import parse_args
+
+from .conftest import REPO
+
+
+def test_yaml_and_cli_round_trip(tmp_path):
+    recipe = {"model_name_or_path": "some/model", "train_file": "a.jsonl", "video_fps": 1.5, "video_max_tokens": 900,
+              "reward_funcs": ["iou", "format_soft"], "learning_rate": 3.0e-6, "num_generations": 4,
+              "per_device_train_batch_size": 4, "output_dir": str(tmp_path / "out"), "bf16": False, "use_cpu": True}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    script, training, model = parse_args(["--config", str(path), "--video_fps", "3", "--learning_rate", "1e-5"])
+    assert isinstance(script, GRPOScriptArguments) and isinstance(training, GRPOConfig) and isinstance(model, ModelConfig)
+    assert script.video_fps == 3.0  # CLI beats YAML
+    assert training.learning_rate == 1e-5
+    assert script.video_max_tokens == 900  # YAML beats default
+    assert script.reward_funcs == ["iou", "format_soft"]
+    assert training.num_generations == 4 and model.model_name_or_path == "some/model"
+
+
+@pytest.mark.parametrize("recipe", sorted((REPO / "configs" / "grpo").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_recipes_parse(recipe):
+    script, training, model = TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig)).parse_args_and_config(
+        ["--config", str(recipe), "--output_dir", "/tmp/unused", "--bf16", "false", "--use_cpu", "true"]
+    )
+    assert script.train_file and model.model_name_or_path
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"video_min_pixels": 200000, "video_max_pixels": 100000}, "video_min_pixels.*above video_max_pixels"),
+        ({"reward_funcs": ["iou", "iuo"]}, r"unknown reward 'iuo'.*Known rewards: format, format_soft, iou"),
+        ({"reward_funcs": ["nope.module:f"]}, "cannot load reward plug-in"),
+        ({"video_min_frames": 10, "video_max_frames": 4}, "video_min_frames.*above video_max_frames"),
+        ({"video_max_tokens": 10, "video_min_frames": 8, "video_min_pixels": 784 * 16}, "video_max_tokens.*at least 64"),
+        ({"prompt_template": "no placeholder"}, "prompt_template"),
+        ({"video_fps": 0}, "video_fps"),
+    ],
+)
+def test_bad_config_fails_at_parse_time(tmp_path, overrides, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"train_file": "a.jsonl", "output_dir": str(tmp_path), **overrides}))
+    with pytest.raises(ValueError, match=message):
+        parse_args(["--config", str(path)])
