@@ -79,6 +79,10 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
         processing_class=processor,
         peft_config=get_peft_config(model_args),
     )
+    state = trainer.accelerator.state
+    zero_stage = state.deepspeed_plugin.zero_stage if state.deepspeed_plugin is not None else None
+    logger.info(f"distributed_type={state.distributed_type.value} num_processes={state.num_processes} "
+                f"zero_stage={zero_stage} device={state.device}")
     checkpoint = training_args.resume_from_checkpoint or last_checkpoint
     train_result = trainer.train(resume_from_checkpoint=checkpoint)
     metrics = train_result.metrics

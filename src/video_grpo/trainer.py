@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
+from video_grpo.processing import encode_rows
+
 VIDEO_TOKEN_TYPE = 2  # Qwen2.5-VL mm_token_type_ids: 0 text, 1 image, 2 video
 
 
@@ -37,36 +39,6 @@ class VideoGRPOTrainer(GRPOTrainer):
         self.generation_config.suppress_tokens = suppressed
         self._video_rows: dict[str, Any] | None = None  # video inputs aligned with the rows being forwarded
 
-    # -- turning rows into processor inputs -------------------------------------------------------------------
-
-    def _process_videos(self, inputs: list[dict]) -> dict[str, Any]:
-        """Tokenize each row's prompt with its video. Identical (prompt, video) rows are processed once."""
-        processor = self.processing_class
-        texts = processor.apply_chat_template(
-            [x["prompt"] for x in inputs], tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
-        )
-        unique: dict[tuple[int, str], int] = {}
-        row_to_unique = [unique.setdefault((id(x["video_frames"]), t), len(unique)) for x, t in zip(inputs, texts, strict=True)]
-        firsts = {u: i for i, u in reversed(list(enumerate(row_to_unique)))}
-        order = [firsts[u] for u in range(len(unique))]
-        encoded = processor(
-            text=[texts[i] for i in order],
-            videos=[inputs[i]["video_frames"] for i in order],
-            video_metadata=[inputs[i]["video_metadata"] for i in order],
-            do_sample_frames=False,  # frames were sampled (and sized) by video_grpo.video
-            do_resize=False,
-            cap_pixels_per_frame=True,  # explicit, silences a transformers warning; frames are pre-sized anyway
-        )
-        grid = torch.as_tensor(encoded["video_grid_thw"]).long()
-        pixels = torch.split(torch.as_tensor(encoded["pixel_values_videos"]), grid.prod(-1).tolist())
-        seconds = torch.as_tensor(encoded["second_per_grid_ts"], dtype=torch.float32)
-        return {
-            "prompt_ids": [list(encoded["input_ids"][u]) for u in row_to_unique],
-            "video_pixels": [pixels[u] for u in row_to_unique],
-            "video_grid_thw": grid[row_to_unique],
-            "second_per_grid_ts": seconds[row_to_unique],
-        }
-
     def _video_model_inputs(self, input_ids: torch.Tensor, start: int, end: int) -> dict[str, torch.Tensor]:
         """Video kwargs for rows [start, end) of the batch being forwarded."""
         rows = self._video_rows
@@ -83,7 +55,7 @@ class VideoGRPOTrainer(GRPOTrainer):
 
     # Why: TRL drops video; process it once here and keep it on every row of the generation batch.
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
-        self._video_rows = self._process_videos(inputs)
+        self._video_rows = encode_rows(self.processing_class, inputs, self.chat_template_kwargs)
         try:
             output = super()._generate_and_score_completions(inputs)
         finally:

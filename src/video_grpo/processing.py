@@ -1,0 +1,46 @@
+"""Turn grounding rows (prompt + sampled frames + metadata) into Qwen2.5-VL model inputs.
+
+One function shared by training and evaluation, so both see the same tokens, pixels and time scale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def encode_rows(processor, rows: list[dict], chat_template_kwargs: dict | None = None) -> dict[str, Any]:
+    """Tokenize each row's prompt with its video; rows that share a video and prompt are processed once.
+
+    Returns per-row ``prompt_ids`` (lists), ``video_pixels`` (a list of ``(patches, 1176)`` tensors, shared by
+    identical rows), ``video_grid_thw`` ``(B, 3)`` and ``second_per_grid_ts`` ``(B,)``. The frames were already
+    sampled and sized by :mod:`video_grpo.video`, so the processor neither resamples nor resizes them; the
+    metadata makes ``second_per_grid_ts`` follow the *sampled* fps instead of the processor's 24-fps default.
+    """
+    texts = processor.apply_chat_template(
+        [row["prompt"] for row in rows], tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
+    )
+    unique: dict[tuple[int, str], int] = {}
+    row_to_unique = [unique.setdefault((id(row["video_frames"]), text), len(unique)) for row, text in zip(rows, texts, strict=True)]
+    first_row = {}
+    for row_index, unique_index in enumerate(row_to_unique):
+        first_row.setdefault(unique_index, row_index)
+    order = [first_row[u] for u in range(len(unique))]
+    encoded = processor(
+        text=[texts[i] for i in order],
+        videos=[rows[i]["video_frames"] for i in order],
+        video_metadata=[rows[i]["video_metadata"] for i in order],
+        do_sample_frames=False,
+        do_resize=False,
+        cap_pixels_per_frame=True,  # explicit, to silence a transformers warning; frames are pre-sized anyway
+    )
+    grid = torch.as_tensor(encoded["video_grid_thw"]).long()
+    pixels = torch.split(torch.as_tensor(encoded["pixel_values_videos"]), grid.prod(-1).tolist())
+    seconds = torch.as_tensor(encoded["second_per_grid_ts"], dtype=torch.float32)
+    return {
+        "prompt_ids": [list(encoded["input_ids"][u]) for u in row_to_unique],
+        "video_pixels": [pixels[u] for u in row_to_unique],
+        "video_grid_thw": grid[row_to_unique],
+        "second_per_grid_ts": seconds[row_to_unique],
+    }
