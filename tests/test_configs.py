@@ -41,6 +41,9 @@ def test_shipped_recipes_parse(recipe):
         ({"video_max_tokens": 10, "video_min_frames": 8, "video_min_pixels": 784 * 16}, "video_max_tokens.*at least 64"),
         ({"prompt_template": "no placeholder"}, "prompt_template"),
         ({"video_fps": 0}, "video_fps"),
+        ({"reward_funcs": ["length_penalty"], "reward_kwargs": {"length_penalty": {"max_words": 3}}},
+         "has no parameter 'max_words'"),
+        ({"reward_kwargs": "{not json"}, "reward_kwargs: is not valid JSON"),
     ],
 )
 def test_bad_config_fails_at_parse_time(tmp_path, overrides, message):
@@ -48,3 +51,14 @@ def test_bad_config_fails_at_parse_time(tmp_path, overrides, message):
     path.write_text(yaml.safe_dump({"train_file": "a.jsonl", "output_dir": str(tmp_path), **overrides}))
     with pytest.raises(ValueError, match=message):
         parse_args(["--config", str(path)])
+
+
+def test_reward_kwargs_from_yaml_and_cli(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"train_file": "a.jsonl", "output_dir": str(tmp_path), "use_cpu": True,
+                                    "bf16": False, "reward_funcs": ["iou", "length_penalty"],
+                                    "reward_kwargs": {"length_penalty": {"max_think_words": 64}}}))
+    script, _, _ = parse_args(["--config", str(path)])
+    assert script.reward_kwargs == {"length_penalty": {"max_think_words": 64}}
+    script, _, _ = parse_args(["--config", str(path), "--reward_kwargs", '{"length_penalty": {"max_think_words": 8}}'])
+    assert script.reward_kwargs == {"length_penalty": {"max_think_words": 8}}

@@ -7,6 +7,7 @@ bad recipe fails in a second, not after the model has loaded.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 # Qwen2.5-VL: 14-px patches merged 2x2, so one visual token covers 28x28 pixels of *two* frames.
@@ -64,6 +65,11 @@ class GRPOScriptArguments:
         metadata={"help": "Reward names from video_grpo.rewards.REWARD_FUNCS, or dotted paths "
                   "'package.module:function'. Weights come from GRPOConfig.reward_weights."},
     )
+    reward_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Parameters bound to rewards, keyed by their name in reward_funcs, e.g. "
+                  "{length_penalty: {max_think_words: 128}}. A JSON string on the command line."},
+    )
     prompt_template: str = field(
         default=DEFAULT_PROMPT,
         metadata={"help": "User prompt after the video. '{sentence}' is replaced by the query; '{duration}' "
@@ -98,9 +104,18 @@ class GRPOScriptArguments:
             self.reward_funcs = [name.strip() for name in self.reward_funcs.split(",") if name.strip()]
         if not self.reward_funcs:
             fail("reward_funcs", "is empty; name at least one reward, e.g. [iou, format].")
+        if isinstance(self.reward_kwargs, str):
+            try:
+                self.reward_kwargs = json.loads(self.reward_kwargs)
+            except json.JSONDecodeError as err:
+                fail("reward_kwargs", f"is not valid JSON ({err.msg}): {self.reward_kwargs!r}")
+        if self.reward_kwargs is not None and not (
+            isinstance(self.reward_kwargs, dict) and all(isinstance(v, dict) for v in self.reward_kwargs.values())
+        ):
+            fail("reward_kwargs", "must map reward names to parameter mappings, e.g. {length_penalty: {max_think_words: 128}}.")
         from video_grpo.rewards import resolve_reward_funcs
 
         try:
-            resolve_reward_funcs(self.reward_funcs)
+            resolve_reward_funcs(self.reward_funcs, self.reward_kwargs)
         except ValueError as err:
             fail("reward_funcs", str(err))

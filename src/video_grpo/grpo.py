@@ -49,7 +49,7 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
         logger.info(f"Checkpoint detected, resuming training at {last_checkpoint}.")
 
     # Rewards (resolved before the model loads, so a bad name fails fast)
-    reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
+    reward_funcs = resolve_reward_funcs(script_args.reward_funcs, script_args.reward_kwargs)
 
     # Data: rows decode their video lazily, in DataLoader workers when dataloader_num_workers > 0
     train_dataset, eval_dataset = build_datasets(script_args)

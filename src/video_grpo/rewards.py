@@ -13,11 +13,18 @@ Answer parsing (:func:`parse_span`, shared with evaluation):
   times ``mm:ss`` / ``hh:mm:ss`` (seconds may have decimals);
 - S > E, negative values, NaN/inf and values above 10^6 s are unparsable and score 0;
 - for rewards the span is then clipped to ``[0, duration]`` when the duration is known.
+
+Multi-span answers (``multi_span_iou``): every ``S to E`` in the last answer block, separated by ``;`` or
+``,``, is a predicted span. Predicted and true spans are each merged into a union of intervals, and the
+reward is |pred ∩ true| / |pred ∪ true| measured in seconds. Overlapping predictions therefore cannot
+earn double credit, and one long span covering every true window is penalised by the union.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import math
 import re
 from collections.abc import Callable
@@ -85,6 +92,17 @@ def parse_span_in(text: str) -> tuple[float, float] | None:
     return start, end
 
 
+def parse_spans_in(text: str) -> list[tuple[float, float]] | None:
+    """Every ``S to E`` span in ``text``; None if any is invalid or there is none."""
+    spans = []
+    for start_token, end_token in _SPAN_RE.findall(text):
+        start, end = _to_seconds(start_token), _to_seconds(end_token)
+        if start is None or end is None or start < 0 or end > MAX_SECONDS or start > end:
+            return None
+        spans.append((start, end))
+    return spans or None
+
+
 def parse_span(completion) -> tuple[float, float] | None:
     """The span in the last ``<answer>`` block of a completion, or None when there is none or it is invalid."""
     block = answer_block(completion_text(completion))
@@ -95,6 +113,24 @@ def temporal_iou(pred: tuple[float, float], gt: tuple[float, float]) -> float:
     """IoU of two [start, end] spans; 0 when the union is empty."""
     inter = max(0.0, min(pred[1], gt[1]) - max(pred[0], gt[0]))
     union = max(pred[1], gt[1]) - min(pred[0], gt[0])
+    return inter / union if union > 0 else 0.0
+
+
+def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def union_iou(pred: list[tuple[float, float]], gt: list[tuple[float, float]]) -> float:
+    """IoU of two sets of spans, each taken as the union of its intervals (time measure, in seconds)."""
+    pred, gt = _merge(pred), _merge(gt)
+    inter = sum(max(0.0, min(b, d) - max(a, c)) for a, b in pred for c, d in gt)
+    union = sum(b - a for a, b in pred) + sum(d - c for c, d in gt) - inter
     return inter / union if union > 0 else 0.0
 
 
@@ -116,6 +152,57 @@ def iou_reward(completions: list, solution: list, **kwargs) -> list[float]:
     for completion, gt, duration in zip(completions, solution, durations, strict=True):
         span = parse_span(completion)
         rewards.append(0.0 if span is None else temporal_iou(_clip(span, duration), (float(gt[0]), float(gt[1]))))
+    return rewards
+
+
+def iou_dist_reward(completions: list, solution: list, **kwargs) -> list[float]:
+    """IoU x (1 - |dS|/D) x (1 - |dE|/D): sharper credit near the true boundaries; 0 when IoU is 0.
+
+    D is the video duration (falls back to the larger span end when unknown)."""
+    durations = _column(kwargs, "duration", len(completions))
+    rewards = []
+    for completion, gt, duration in zip(completions, solution, durations, strict=True):
+        span = parse_span(completion)
+        if span is None:
+            rewards.append(0.0)
+            continue
+        start, end = _clip(span, duration)
+        gs, ge = float(gt[0]), float(gt[1])
+        d = float(duration) if duration and duration > 0 else max(end, ge, 1e-6)
+        iou = temporal_iou((start, end), (gs, ge))
+        rewards.append(iou * max(0.0, 1 - abs(start - gs) / d) * max(0.0, 1 - abs(end - ge) / d))
+    return rewards
+
+
+def multi_span_iou_reward(completions: list, solution: list, **kwargs) -> list[float]:
+    """Union IoU of all answered spans with all true spans (QVHighlights-style ``relevant_windows``).
+
+    ``solution`` may be one ``[start, end]`` or a list of them."""
+    durations = _column(kwargs, "duration", len(completions))
+    rewards = []
+    for completion, gt, duration in zip(completions, solution, durations, strict=True):
+        block = answer_block(completion_text(completion))
+        spans = parse_spans_in(block) if block is not None else None
+        if not spans:
+            rewards.append(0.0)
+            continue
+        truth = [tuple(map(float, gt))] if not isinstance(gt[0], list | tuple) else [tuple(map(float, w)) for w in gt]
+        rewards.append(union_iou([_clip(sp, duration) for sp in spans], truth))
+    return rewards
+
+
+def length_penalty_reward(completions: list, max_think_words: int = 256, **kwargs) -> list[float]:
+    """0 for a ``<think>`` block of at most ``max_think_words`` words, falling linearly to -1 at twice that.
+
+    Counts whitespace-separated words, so it needs no tokenizer. Set the limit from the YAML with
+    ``reward_kwargs: {length_penalty: {max_think_words: 128}}``."""
+    rewards = []
+    for completion in completions:
+        text = completion_text(completion)
+        start, end = text.find("<think>"), text.find("</think>")
+        body = text[start + 7 : end] if 0 <= start < end else (text[start + 7 :] if start >= 0 else "")
+        words = len(body.split())
+        rewards.append(0.0 - min(1.0, max(0.0, words - max_think_words) / max(max_think_words, 1)))
     return rewards
 
 
@@ -148,18 +235,41 @@ REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
     "iou": iou_reward,
     "format": format_reward,
     "format_soft": format_soft_reward,
+    "iou_dist": iou_dist_reward,
+    "multi_span_iou": multi_span_iou_reward,
+    "length_penalty": length_penalty_reward,
 }
 
 
-def resolve_reward_funcs(names: list[str]) -> list[Callable]:
-    """Map registry names or ``package.module:function`` paths to callables.
+def bind_params(func: Callable, params: dict) -> Callable:
+    """``func`` with keyword parameters fixed, keeping its ``__name__`` (TRL logs rewards under it)."""
+    if not params:
+        return func
+    accepted = [
+        p.name for p in inspect.signature(func).parameters.values()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("completions", "prompts", "completion_ids")
+    ]
+    for key in params:
+        if key not in accepted:
+            raise ValueError(f"reward {func.__name__!r} has no parameter {key!r}; its parameters: {accepted}")
+    bound = functools.partial(func, **params)
+    return functools.update_wrapper(bound, func)
+
+
+def resolve_reward_funcs(names: list[str], params: dict[str, dict] | None = None) -> list[Callable]:
+    """Map registry names or ``package.module:function`` paths to callables, with parameters from ``params``
+    (keyed by the same name) bound as keyword arguments.
 
     Raises ValueError naming the bad entry and listing the known names, so a typo fails before the model loads.
     """
+    params = params or {}
+    unknown = sorted(set(params) - set(names))
+    if unknown:
+        raise ValueError(f"reward_kwargs names {unknown}, which are not in reward_funcs {names}")
     funcs = []
     for name in names:
         if name in REWARD_FUNCS:
-            funcs.append(REWARD_FUNCS[name])
+            funcs.append(bind_params(REWARD_FUNCS[name], params.get(name) or {}))
             continue
         if ":" not in name:
             raise ValueError(
@@ -175,5 +285,5 @@ def resolve_reward_funcs(names: list[str]) -> list[Callable]:
             ) from err
         if not callable(func):
             raise ValueError(f"reward plug-in {name!r} is not callable")
-        funcs.append(func)
+        funcs.append(bind_params(func, params.get(name) or {}))
     return funcs
