@@ -1,9 +1,11 @@
 import json
+import os
 
 import pytest
 import torch
 
-from video_grpo.data import AnnotationError, build_dataset, read_jsonl
+from video_grpo.annotations import AnnotationError, load_annotations
+from video_grpo.data import VideoTransform, build_dataset
 from video_grpo.video import SamplingConfig
 
 SAMPLING = SamplingConfig(fps=1.0, max_frames=8, min_pixels=784, max_pixels=112 * 112, max_tokens=256)
@@ -50,10 +52,41 @@ def test_after_shuffle_and_select(dataset):
 
 def test_bad_annotation_names_file_and_line(tmp_path):
     path = tmp_path / "bad.jsonl"
+    (tmp_path / "a.mp4").write_bytes(b"x")
     good = {"id": "a", "video": "a.mp4", "duration": 10, "solution": [1, 2], "sentence": "x"}
     path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "solution": [5, 2]}) + "\n")
-    with pytest.raises(AnnotationError, match=r"bad.jsonl:2: 'solution' needs 0 <= start < end"):
-        read_jsonl(path)
+    with pytest.raises(AnnotationError, match=r"bad.jsonl:2: span \[5.0, 2.0\] needs 0 <= start < end"):
+        load_annotations(path, strict=True)
+    records, report = load_annotations(path)  # default policy: skip and count
+    assert len(records) == 1 and report.invalid_spans == ["a"]
     path.write_text(json.dumps({"id": "a"}) + "\n")
     with pytest.raises(AnnotationError, match=r"bad.jsonl:1: missing field"):
-        read_jsonl(path)
+        load_annotations(path)
+    path.write_text("{not json\n")
+    with pytest.raises(AnnotationError, match=r"bad.jsonl:1: not valid JSON"):
+        load_annotations(path)
+
+
+class PidTransform(VideoTransform):
+    """Records which process decoded each row."""
+
+    def __call__(self, batch):
+        batch = super().__call__(batch)
+        batch["decoded_by"] = [os.getpid()] * len(batch["video"])
+        return batch
+
+
+def test_decoding_runs_in_dataloader_workers_once_per_video(tiny_model_dir, train_file, tmp_path):
+    from .test_trainer import make_trainer
+
+    dataset = build_dataset(train_file, sampling=SAMPLING)
+    dataset.set_transform(PidTransform(SAMPLING))
+    trainer = make_trainer(tiny_model_dir, dataset, tmp_path, dataloader_num_workers=2)
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert len(batch) == 4 and all(row["decoded_by"] != os.getpid() for row in batch)
+    by_video = {}
+    for row in batch:
+        by_video.setdefault(row["video"], []).append(row["video_frames"])
+    assert len(by_video) == 2  # 4 rows = 2 prompts x 2 generations
+    for frames in by_video.values():
+        assert frames[0] is frames[1]  # the G repeats share one decode

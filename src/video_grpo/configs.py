@@ -8,7 +8,7 @@ bad recipe fails in a second, not after the model has loaded.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 # Qwen2.5-VL: 14-px patches merged 2x2, so one visual token covers 28x28 pixels of *two* frames.
 PIXELS_PER_TOKEN = 28 * 28
@@ -38,6 +38,28 @@ class GRPOScriptArguments:
         default=None,
         metadata={"help": "Directory that relative `video` paths are resolved against. Default: the "
                   "directory of the annotation file."},
+    )
+    dataset_format: str | None = field(
+        default=None,
+        metadata={"help": "Annotation format: jsonl, charades_txt, grounding_json (TimeZero/VideoChat Charades, "
+                  "ActivityNet Captions) or qvhighlights. Detected from the file when unset."},
+    )
+    durations_file: str | None = field(
+        default=None, metadata={"help": "Charades CSV whose 'length' column gives durations (charades_txt only)."}
+    )
+    video_extensions: list[str] = field(
+        default_factory=lambda: [".mp4", ".webm", ".mkv", ".avi", ".mov"],
+        metadata={"help": "Tried in order when an annotation names a video by id without an extension."},
+    )
+    strict_data: bool = field(
+        default=False,
+        metadata={"help": "Fail on spans with start >= end, ends past the video and missing videos, instead of "
+                  "skipping, clamping and listing them."},
+    )
+    frame_cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "Directory of pre-decoded frames written by `python -m video_grpo.preprocess`. Used when "
+                  "an entry matches the file and every sampling setting; otherwise the video is decoded."},
     )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N training records (for smoke runs)."}
@@ -80,6 +102,10 @@ class GRPOScriptArguments:
         def fail(name: str, why: str) -> None:
             raise ValueError(f"GRPOScriptArguments.{name}: {why}")
 
+        from video_grpo.annotations import FORMATS
+
+        if self.dataset_format is not None and self.dataset_format not in FORMATS:
+            fail("dataset_format", f"unknown format {self.dataset_format!r}; choose one of {list(FORMATS)} or leave it unset.")
         if self.video_fps <= 0:
             fail("video_fps", f"must be > 0, got {self.video_fps}.")
         if self.video_min_frames < 1:
@@ -119,3 +145,15 @@ class GRPOScriptArguments:
             resolve_reward_funcs(self.reward_funcs, self.reward_kwargs)
         except ValueError as err:
             fail("reward_funcs", str(err))
+
+
+def script_args_from_yaml(path: str, **overrides) -> GRPOScriptArguments:
+    """Only the GRPOScriptArguments part of a recipe: for tools (data check, preprocess) that load no model."""
+    import yaml
+
+    with open(path) as f:
+        recipe = yaml.safe_load(f) or {}
+    names = {f.name for f in fields(GRPOScriptArguments)}
+    values = {k: v for k, v in recipe.items() if k in names}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return GRPOScriptArguments(**values)

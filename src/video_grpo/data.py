@@ -1,79 +1,36 @@
-"""Grounding datasets: read annotations, build a ``datasets.Dataset``, and decode video lazily per access.
+"""Grounding datasets: annotations -> ``datasets.Dataset`` whose rows decode their video lazily, on access.
 
-The annotation format is JSONL, one query per line::
+Frames are attached through ``Dataset.set_transform``, so decoding happens when a row is *accessed*: for
+``ds[i]``, ``ds[[i, j]]``, DataLoader batches of any size (in worker processes when
+``dataloader_num_workers`` > 0), and after ``.shuffle()`` / ``.select()``. Within one access a video repeated
+across rows (GRPO repeats each prompt G times) is decoded once and shared.
 
-    {"id": "3MSZA_0", "video": "3MSZA.mp4", "duration": 30.96, "solution": [24.3, 30.4], "sentence": "person turn a light on."}
+Check a dataset before spending GPU hours on it::
 
-``video`` is resolved against ``video_root`` (default: the annotation file's directory).
+    python -m video_grpo.data check --config configs/grpo/qwen2_5_vl_7b_charades.yaml [--decode] [--json]
+    python -m video_grpo.data check --annotations charades_sta_test.txt --durations Charades_v1_test.csv \\
+        --video_root /data/Charades_v1
 
-Frames are decoded when a row is *accessed*, through ``Dataset.set_transform``: it applies to ``ds[i]``,
-``ds[[i, j]]``, DataLoader batches of any size, and it survives ``.shuffle()`` and ``.select()``. Within one
-access, a video repeated across rows (GRPO repeats each prompt G times) is decoded once and shared.
+It exits with status 1 when the data could not train (no usable query, or a missing or unreadable video)
+and 2 when the annotations themselves are malformed.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import math
+import logging
+import sys
 from pathlib import Path
 
 from datasets import Dataset
+from tqdm.auto import tqdm
 
+from video_grpo.annotations import DEFAULT_EXTENSIONS, AnnotationError, DataReport, load_annotations
 from video_grpo.configs import DEFAULT_PROMPT
-from video_grpo.video import SamplingConfig, read_video
+from video_grpo.video import SamplingConfig, VideoReadError, load_video, probe_video, read_video
 
-REQUIRED_FIELDS = ("id", "video", "duration", "solution", "sentence")
-
-
-class AnnotationError(ValueError):
-    """A malformed annotation record. The message names the file and line."""
-
-
-def _check_record(record: dict, where: str) -> dict:
-    missing = [k for k in REQUIRED_FIELDS if k not in record]
-    if missing:
-        raise AnnotationError(f"{where}: missing field(s) {missing}; each line needs {list(REQUIRED_FIELDS)}")
-    solution = record["solution"]
-    if not (isinstance(solution, list | tuple) and len(solution) == 2):
-        raise AnnotationError(f"{where}: 'solution' must be [start, end] in seconds, got {solution!r}")
-    try:
-        start, end, duration = float(solution[0]), float(solution[1]), float(record["duration"])
-    except (TypeError, ValueError) as err:
-        raise AnnotationError(f"{where}: 'solution' and 'duration' must be numbers ({err})") from err
-    if not all(math.isfinite(v) for v in (start, end, duration)) or duration <= 0:
-        raise AnnotationError(f"{where}: 'duration' must be > 0 and spans finite, got {duration}, {solution!r}")
-    if not 0 <= start < end:
-        raise AnnotationError(f"{where}: 'solution' needs 0 <= start < end, got {solution!r}")
-    return {
-        "id": str(record["id"]),
-        "video": str(record["video"]),
-        "duration": duration,
-        "solution": [start, end],
-        "sentence": str(record["sentence"]).strip(),
-    }
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Read and validate a canonical JSONL annotation file."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"annotation file {str(path)!r} does not exist")
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise AnnotationError(f"{where}: not valid JSON ({err.msg})") from err
-            if not isinstance(record, dict):
-                raise AnnotationError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            records.append(_check_record(record, where))
-    if not records:
-        raise AnnotationError(f"{path}: no records")
-    return records
+logger = logging.getLogger(__name__)
 
 
 def build_prompt(sentence: str, duration: float, template: str = DEFAULT_PROMPT) -> list[dict]:
@@ -88,15 +45,16 @@ class VideoTransform:
     A plain class (not a closure) so the dataset pickles into DataLoader worker processes.
     """
 
-    def __init__(self, sampling: SamplingConfig, prompt_template: str = DEFAULT_PROMPT) -> None:
+    def __init__(self, sampling: SamplingConfig, prompt_template: str = DEFAULT_PROMPT, cache_dir: str | None = None):
         self.sampling = sampling
         self.prompt_template = prompt_template
+        self.cache_dir = cache_dir
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
         decoded = {}
         for path in batch["video"]:
             if path not in decoded:  # the G repeats of a prompt share one decode
-                decoded[path] = read_video(path, self.sampling)
+                decoded[path] = load_video(path, self.sampling, self.cache_dir)
         batch = dict(batch)
         batch["video_frames"] = [decoded[p].frames for p in batch["video"]]
         batch["video_metadata"] = [decoded[p].metadata for p in batch["video"]]
@@ -112,23 +70,135 @@ def build_dataset(
     sampling: SamplingConfig | None = None,
     prompt_template: str = DEFAULT_PROMPT,
     max_samples: int | None = None,
+    dataset_format: str | None = None,
+    durations_file: str | Path | None = None,
+    video_extensions: tuple[str, ...] = DEFAULT_EXTENSIONS,
+    strict: bool = False,
+    cache_dir: str | None = None,
 ) -> Dataset:
-    """A ``Dataset`` whose rows decode their video on access. Video paths are made absolute here."""
-    records = read_jsonl(annotation_file)
+    """A ``Dataset`` whose rows decode their video on access. See :mod:`video_grpo.annotations` for formats."""
+    records, report = load_annotations(annotation_file, dataset_format, video_root, durations_file,
+                                       tuple(video_extensions), strict)
     if max_samples is not None:
         records = records[:max_samples]
-    root = Path(video_root) if video_root else Path(annotation_file).resolve().parent
-    for record in records:
-        record["video"] = str((root / record["video"]).resolve())
+    if not records:
+        raise AnnotationError(f"{annotation_file}: no usable records ({len(report.invalid_spans)} invalid spans)")
     dataset = Dataset.from_list(records)
-    dataset.set_transform(VideoTransform(sampling or SamplingConfig(), prompt_template))
+    dataset.set_transform(VideoTransform(sampling or SamplingConfig(), prompt_template, cache_dir))
+    if report.invalid_spans or report.clamped_spans or report.missing_videos:
+        logger.warning(
+            f"{annotation_file}: {report.records} queries; skipped {len(report.invalid_spans)} with start >= end, "
+            f"clamped {len(report.clamped_spans)} ending after their video, {len(report.missing_videos)} videos "
+            "missing (run `python -m video_grpo.data check` for the list)"
+        )
     return dataset
+
+
+def dataset_kwargs(script_args) -> dict:
+    """``build_dataset`` keyword arguments from ``GRPOScriptArguments``."""
+    return {
+        "video_root": script_args.video_root,
+        "sampling": SamplingConfig.from_args(script_args),
+        "prompt_template": script_args.prompt_template,
+        "dataset_format": script_args.dataset_format,
+        "durations_file": script_args.durations_file,
+        "video_extensions": tuple(script_args.video_extensions),
+        "strict": script_args.strict_data,
+        "cache_dir": script_args.frame_cache_dir,
+    }
 
 
 def build_datasets(script_args) -> tuple[Dataset, Dataset | None]:
     """Train and (optional) eval datasets from ``GRPOScriptArguments``."""
-    sampling = SamplingConfig.from_args(script_args)
-    kwargs = {"video_root": script_args.video_root, "sampling": sampling, "prompt_template": script_args.prompt_template}
+    kwargs = dataset_kwargs(script_args)
     train = build_dataset(script_args.train_file, max_samples=script_args.max_train_samples, **kwargs)
     evaluation = build_dataset(script_args.eval_file, **kwargs) if script_args.eval_file else None
     return train, evaluation
+
+
+# -- python -m video_grpo.data check ------------------------------------------------------------------------
+
+
+def check_videos(report: DataReport, videos: list[str], sampling: SamplingConfig | None, quiet: bool) -> None:
+    """Open (or, with ``sampling``, decode) every present video; unreadable ones go into ``report``."""
+    missing = set(report.missing_videos)
+    present = [v for v in videos if v not in missing]
+    for video in tqdm(present, desc="decoding videos" if sampling else "reading headers", disable=quiet, unit="video"):
+        try:
+            read_video(video, sampling) if sampling else probe_video(video)
+        except VideoReadError as err:
+            report.unreadable_videos.append(f"{video}: {err.reason}")
+
+
+def format_summary(annotations: str, report: DataReport, decoded: bool) -> str:
+    lines = [f"annotations      {annotations}",
+             f"records          {report.records} usable queries over {report.videos} videos",
+             f"invalid spans    {len(report.invalid_spans)} skipped (start >= end)",
+             f"clamped spans    {len(report.clamped_spans)} (end after the video, set to its duration)",
+             f"missing videos   {len(report.missing_videos)}",
+             f"unreadable       {len(report.unreadable_videos)} ({'decoded' if decoded else 'headers checked'})"]
+    for title, items in (("missing", report.missing_videos), ("unreadable", report.unreadable_videos)):
+        for item in items[:10]:
+            lines.append(f"  {title}: {item}")
+        if len(items) > 10:
+            lines.append(f"  ... and {len(items) - 10} more {title}")
+    lines.append("OK: the data can train." if report.can_train else "NOT READY: fix the items above before training.")
+    return "\n".join(lines)
+
+
+def check_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m video_grpo.data check",
+                                     description="Validate annotations and videos before training.")
+    parser.add_argument("--config", help="a GRPO recipe YAML; its train_file, video_root, ... are used")
+    parser.add_argument("--split", choices=["train", "eval"], default="train", help="with --config: which file")
+    parser.add_argument("--annotations", help="annotation file (instead of --config)")
+    parser.add_argument("--video_root")
+    parser.add_argument("--durations", help="Charades CSV with a 'length' column (for .txt annotations)")
+    parser.add_argument("--format", dest="dataset_format")
+    parser.add_argument("--strict", action="store_true", help="treat policy violations as errors")
+    parser.add_argument("--decode", action="store_true", help="decode every video's sampled frames, not only headers")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+    args = parser.parse_args(argv)
+    if bool(args.config) == bool(args.annotations):
+        parser.error("give exactly one of --config or --annotations")
+
+    if args.config:
+        from video_grpo.configs import script_args_from_yaml
+
+        script_args = script_args_from_yaml(args.config)
+        annotations = script_args.train_file if args.split == "train" else script_args.eval_file
+        if not annotations:
+            parser.error(f"{args.config} sets no {args.split}_file")
+        kwargs = dataset_kwargs(script_args)
+        sampling = kwargs["sampling"]
+        load_kwargs = {k: kwargs[k] for k in ("video_root", "dataset_format", "durations_file", "video_extensions")}
+        strict = args.strict or script_args.strict_data
+    else:
+        annotations, sampling, strict = args.annotations, SamplingConfig(), args.strict
+        load_kwargs = {"video_root": args.video_root, "dataset_format": args.dataset_format,
+                       "durations_file": args.durations}
+    try:
+        records, report = load_annotations(annotations, strict=strict, **load_kwargs)
+    except (AnnotationError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    videos = sorted({r["video"] for r in records})
+    check_videos(report, videos, sampling if args.decode else None, quiet=args.json)
+    if args.json:
+        print(json.dumps(report.as_dict()))
+    else:
+        print(format_summary(annotations, report, args.decode))
+    return 0 if report.can_train else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] != "check":
+        print("usage: python -m video_grpo.data check [--config C | --annotations A ...] [--decode] [--json]",
+              file=sys.stderr)
+        return 2
+    return check_main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,9 +11,13 @@ the processor assumes 24 fps and collapses the model's sense of time.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
-from dataclasses import dataclass
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from torchvision.transforms.v2 import functional as tvf
@@ -115,8 +119,8 @@ def plan_sampling(
     return indices, h, w
 
 
-def read_video(path: str, cfg: SamplingConfig) -> SampledVideo:
-    """Decode the frames chosen by :func:`plan_sampling`. Raises :class:`VideoReadError` on any failure."""
+def _open(path: str):
+    """A decord reader with at least one frame and a positive fps, or :class:`VideoReadError`."""
     if not os.path.isfile(path):
         raise VideoReadError(path, "file does not exist")
     if os.path.getsize(path) == 0:
@@ -125,15 +129,51 @@ def read_video(path: str, cfg: SamplingConfig) -> SampledVideo:
         import decord
 
         reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
-        total = len(reader)
-        native_fps = float(reader.get_avg_fps())
-        if total < 1 or not native_fps > 0:
-            raise VideoReadError(path, f"no decodable frames (frames={total}, fps={native_fps})")
+        total, native_fps = len(reader), float(reader.get_avg_fps())
+    except Exception as err:  # decord raises DECORDError, RuntimeError ... on bad input
+        raise VideoReadError(path, f"{type(err).__name__}: {err}".strip()) from err
+    if total < 1 or not native_fps > 0:
+        raise VideoReadError(path, f"no decodable frames (frames={total}, fps={native_fps})")
+    return reader, total, native_fps
+
+
+def probe_video(path: str) -> dict:
+    """Open the container and read the header only: frame count, fps, size."""
+    reader, total, native_fps = _open(path)
+    try:
+        height, width, _ = reader[0].shape
+    except Exception as err:
+        raise VideoReadError(path, f"first frame undecodable: {type(err).__name__}: {err}") from err
+    return {"total_num_frames": total, "fps": native_fps, "height": height, "width": width}
+
+
+def _spread_in_time(reader, total: int, count: int) -> list[int] | None:
+    """For variable-frame-rate video: the frames nearest to ``count`` instants evenly spaced in *time*.
+
+    Index-uniform sampling would bunch frames where the rate is high and misplace every frame in time.
+    Returns None for constant-rate video, where index-uniform sampling is already time-uniform.
+    """
+    import numpy as np
+
+    starts = reader.get_frame_timestamp(list(range(total)))[:, 0]
+    gaps = np.diff(starts)
+    if gaps.size == 0 or gaps.max() - gaps.min() <= 0.25 * max(float(np.median(gaps)), 1e-6):
+        return None
+    targets = np.linspace(starts[0], starts[-1], count)
+    right = np.clip(np.searchsorted(starts, targets), 1, total - 1)
+    nearest = np.where(targets - starts[right - 1] <= starts[right] - targets, right - 1, right)
+    return nearest.astype(int).tolist()
+
+
+def read_video(path: str, cfg: SamplingConfig) -> SampledVideo:
+    """Decode the frames chosen by :func:`plan_sampling`. Raises :class:`VideoReadError` on any failure."""
+    reader, total, native_fps = _open(path)
+    try:
         first = reader[0].shape  # (H, W, C)
         indices, h, w = plan_sampling(total, native_fps, first[0], first[1], cfg)
+        if total > len(indices):
+            indices = _spread_in_time(reader, total, len(indices)) or indices
         frames = torch.from_numpy(reader.get_batch(indices).asnumpy())
-    except VideoReadError:
-        raise
     except Exception as err:  # decord raises DECORDError, RuntimeError, IndexError ... on bad input
         raise VideoReadError(path, f"{type(err).__name__}: {err}".strip()) from err
     frames = frames.permute(0, 3, 1, 2).contiguous()  # (T, C, H, W)
@@ -148,6 +188,62 @@ def read_video(path: str, cfg: SamplingConfig) -> SampledVideo:
         "width": w,
     }
     return SampledVideo(frames=frames, metadata=metadata)
+
+
+CACHE_FORMAT_VERSION = 1
+
+
+def cache_key(path: str, cfg: SamplingConfig) -> str:
+    """Changes whenever the file (path, size, mtime) or any sampling setting changes."""
+    stat = os.stat(path)
+    identity = {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                "sampling": asdict(cfg), "version": CACHE_FORMAT_VERSION}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def cache_path(cache_dir: str | Path, path: str, cfg: SamplingConfig) -> Path:
+    key = cache_key(path, cfg)
+    return Path(cache_dir) / key[:2] / f"{key}.safetensors"
+
+
+def write_cache(cache_dir: str | Path, path: str, cfg: SamplingConfig, video: SampledVideo) -> Path:
+    """Store sampled frames atomically: a killed writer leaves a temp file, never a half entry."""
+    from safetensors.torch import save_file
+
+    target = cache_path(cache_dir, path, cfg)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".safetensors")
+    os.close(fd)
+    try:
+        save_file({"frames": video.frames.contiguous()}, tmp, metadata={"video_metadata": json.dumps(video.metadata)})
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return target
+
+
+def read_cached(cache_dir: str | Path, path: str, cfg: SamplingConfig) -> SampledVideo | None:
+    """The cached sample for this file and sampling, or None."""
+    from safetensors import safe_open
+
+    try:
+        target = cache_path(cache_dir, path, cfg)
+    except OSError:
+        return None  # the video itself is gone; decoding will report it
+    if not target.is_file():
+        return None
+    with safe_open(str(target), framework="pt") as f:
+        return SampledVideo(frames=f.get_tensor("frames"), metadata=json.loads(f.metadata()["video_metadata"]))
+
+
+def load_video(path: str, cfg: SamplingConfig, cache_dir: str | Path | None = None) -> SampledVideo:
+    """Frames from the cache when present, else decoded."""
+    if cache_dir:
+        cached = read_cached(cache_dir, path, cfg)
+        if cached is not None:
+            return cached
+    return read_video(path, cfg)
 
 
 def sampled_fps(metadata: dict) -> float:
