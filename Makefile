@@ -26,6 +26,13 @@ demo: $(STAMP) $(TINY)/config.json
 	OMP_NUM_THREADS=1 $(VENV)/bin/accelerate launch --config_file configs/accelerate/cpu_zero2.yaml \
 		-m video_grpo.grpo --config configs/grpo/demo_tiny.yaml --output_dir $(DEMO_OUT)
 	$(PY) scripts/demo_report.py --run_dir $(DEMO_OUT) --initial_model $(TINY)
+	@echo "--- evaluating the untrained tiny model (zero-shot baseline) and the trained one on data_samples/test.jsonl"
+	OMP_NUM_THREADS=1 $(PY) -m video_grpo.evaluate run --model_name_or_path $(TINY) --config configs/grpo/demo_tiny.yaml \
+		--split eval --output_dir $(DEMO_OUT)/eval_base --max_new_tokens 64
+	OMP_NUM_THREADS=1 $(PY) -m video_grpo.evaluate run --model_name_or_path $(DEMO_OUT) --config configs/grpo/demo_tiny.yaml \
+		--split eval --output_dir $(DEMO_OUT)/eval --max_new_tokens 64
+	$(PY) -m video_grpo.plot train --run_dir $(DEMO_OUT)
+	$(PY) -m video_grpo.plot timeline --predictions $(DEMO_OUT)/eval/predictions.jsonl
 
 test: $(STAMP)
 	$(PY) -m pytest

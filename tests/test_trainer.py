@@ -26,7 +26,8 @@ def length_reward(completions, **kwargs) -> list[float]:
     return [float(len(completion_text(c)) % 7) for c in completions]
 
 
-def make_trainer(model_dir, dataset, tmp_path, trainer_cls=VideoGRPOTrainer, reward_funcs=None, **overrides):
+def make_trainer(model_dir, dataset, tmp_path, trainer_cls=VideoGRPOTrainer, reward_funcs=None, eval_dataset=None,
+                 trainer_kwargs=None, **overrides):
     settings = {
         "output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 4, "num_generations": 2,
         "max_completion_length": 8, "max_steps": 1, "learning_rate": 1e-2, "bf16": False, "use_cpu": True,
@@ -39,7 +40,9 @@ def make_trainer(model_dir, dataset, tmp_path, trainer_cls=VideoGRPOTrainer, rew
         reward_funcs=reward_funcs or [length_reward, iou_reward],
         args=GRPOConfig(**settings),
         train_dataset=dataset,
+        eval_dataset=eval_dataset,
         processing_class=AutoProcessor.from_pretrained(model_dir),
+        **(trainer_kwargs or {}),
     )
 
 

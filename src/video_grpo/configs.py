@@ -61,6 +61,11 @@ class GRPOScriptArguments:
         metadata={"help": "Directory of pre-decoded frames written by `python -m video_grpo.preprocess`. Used when "
                   "an entry matches the file and every sampling setting; otherwise the video is decoded."},
     )
+    eval_grounding_samples: int | None = field(
+        default=64,
+        metadata={"help": "With eval_strategy set: how many eval queries are answered greedily at each evaluation "
+                  "for R1@0.3/0.5/0.7 and mIoU (logged as eval_R1@0.5, eval_mIoU). None: all; 0: skip."},
+    )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N training records (for smoke runs)."}
     )

@@ -78,6 +78,7 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
         eval_dataset=eval_dataset,
         processing_class=processor,
         peft_config=get_peft_config(model_args),
+        grounding_eval_samples=script_args.eval_grounding_samples,
     )
     state = trainer.accelerator.state
     zero_stage = state.deepspeed_plugin.zero_stage if state.deepspeed_plugin is not None else None

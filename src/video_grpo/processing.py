@@ -44,3 +44,38 @@ def encode_rows(processor, rows: list[dict], chat_template_kwargs: dict | None =
         "video_grid_thw": grid[row_to_unique],
         "second_per_grid_ts": seconds[row_to_unique],
     }
+
+
+VIDEO_TOKEN_TYPE = 2  # Qwen2.5-VL mm_token_type_ids: 0 text, 1 image, 2 video
+
+
+def vision_placeholder_ids(config) -> list[int]:
+    """Token ids that must never be generated: a sampled ``<|video_pad|>`` breaks the next forward."""
+    candidates = [getattr(config, name, None) for name in
+                  ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")]
+    return sorted({i for i in candidates if i is not None})
+
+
+def video_token_types(input_ids: torch.Tensor, video_token_id: int) -> torch.Tensor:
+    """``mm_token_type_ids``: without them Qwen2.5-VL silently falls back to 1-D text positions."""
+    return (input_ids == video_token_id).long() * VIDEO_TOKEN_TYPE
+
+
+def generation_inputs(encoded: dict[str, Any], pad_token_id: int, video_token_id: int, device=None) -> dict:
+    """Left-padded ``generate`` kwargs for rows encoded by :func:`encode_rows`."""
+    prompts = [torch.tensor(ids) for ids in encoded["prompt_ids"]]
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, ids in enumerate(prompts):
+        input_ids[i, width - len(ids):] = ids
+        attention_mask[i, width - len(ids):] = 1
+    inputs = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "pixel_values_videos": torch.cat(encoded["video_pixels"]),
+        "video_grid_thw": encoded["video_grid_thw"],
+        "second_per_grid_ts": encoded["second_per_grid_ts"],
+        "mm_token_type_ids": video_token_types(input_ids, video_token_id),
+    }
+    return {k: v.to(device) for k, v in inputs.items()} if device is not None else inputs

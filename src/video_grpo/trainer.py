@@ -18,23 +18,22 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
-from video_grpo.processing import encode_rows
-
-VIDEO_TOKEN_TYPE = 2  # Qwen2.5-VL mm_token_type_ids: 0 text, 1 image, 2 video
+from video_grpo.processing import VIDEO_TOKEN_TYPE, encode_rows, video_token_types, vision_placeholder_ids
 
 
 class VideoGRPOTrainer(GRPOTrainer):
     """GRPO for video-language models. Dataset rows need ``prompt``, ``video_frames`` and ``video_metadata``
     (see :mod:`video_grpo.data`)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, grounding_eval_samples: int | None = 64, **kwargs) -> None:
+        """``grounding_eval_samples``: how many eval queries ``evaluate()`` answers greedily for R1@m / mIoU
+        (None: all of them, 0: skip)."""
         super().__init__(*args, **kwargs)
+        self.grounding_eval_samples = grounding_eval_samples
         config = self.model.config
         self.video_token_id = config.video_token_id
         # TRL suppresses only <|image_pad|>; a sampled <|video_pad|> would break the next forward.
-        vision_ids = [config.image_token_id, config.video_token_id]
-        vision_ids += [getattr(config, "vision_start_token_id", None), getattr(config, "vision_end_token_id", None)]
-        suppressed = sorted({i for i in vision_ids if i is not None} | set(self.generation_kwargs.get("suppress_tokens") or []))
+        suppressed = sorted(set(vision_placeholder_ids(config)) | set(self.generation_kwargs.get("suppress_tokens") or []))
         self.generation_kwargs["suppress_tokens"] = suppressed
         self.generation_config.suppress_tokens = suppressed
         self._video_rows: dict[str, Any] | None = None  # video inputs aligned with the rows being forwarded
@@ -47,9 +46,43 @@ class VideoGRPOTrainer(GRPOTrainer):
             "pixel_values_videos": torch.cat(rows["video_pixels"][start:end]).to(device),
             "video_grid_thw": rows["video_grid_thw"][start:end].to(device),
             "second_per_grid_ts": rows["second_per_grid_ts"][start:end].to(device),
-            # Without mm_token_type_ids Qwen2.5-VL silently falls back to 1-D text positions.
-            "mm_token_type_ids": (input_ids[start:end] == self.video_token_id).long() * VIDEO_TOKEN_TYPE,
+            "mm_token_type_ids": video_token_types(input_ids[start:end], self.video_token_id),
         }
+
+    # -- evaluation ------------------------------------------------------------------------------------------
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """TRL's evaluation (sampled rewards), plus greedy grounding metrics on a held-out subset."""
+        metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is not None and not isinstance(dataset, dict) and self.grounding_eval_samples != 0:
+            grounding = {f"{metric_key_prefix}_{k}": v for k, v in self.grounding_metrics(dataset).items()}
+            self.log(grounding)
+            metrics.update(grounding)
+        return metrics
+
+    def grounding_metrics(self, dataset) -> dict[str, float]:
+        """R1@{0.3,0.5,0.7} and mIoU (in %) from greedy answers, queries sharded over processes."""
+        from accelerate.utils import gather_object
+        from trl.models import unwrap_model_for_generation
+
+        from video_grpo.evaluate import generate_answers, prediction_record, score_records
+
+        count = len(dataset) if self.grounding_eval_samples is None else min(self.grounding_eval_samples, len(dataset))
+        indices = list(range(count))[self.accelerator.process_index :: self.accelerator.num_processes]
+        batch_size = self.args.per_device_eval_batch_size
+        records = []
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                         gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model:
+            was_training = model.training
+            model.eval()
+            for start in range(0, len(indices), batch_size):
+                rows = dataset.__getitems__(indices[start : start + batch_size])
+                outputs = generate_answers(model, self.processing_class, rows, self.max_completion_length)
+                records += [prediction_record(row, out) for row, out in zip(rows, outputs, strict=True)]
+            model.train(was_training)
+        metrics = score_records(gather_object(records))
+        return {k: v for k, v in metrics.items() if k.startswith("R1@") or k in ("mIoU", "num_parse_failures")}
 
     # -- TRL overrides ------------------------------------------------------------------------------------------
 

@@ -1,0 +1,236 @@
+"""Evaluate temporal grounding the way published Charades-STA / ActivityNet numbers are computed.
+
+    python -m video_grpo.evaluate run --model_name_or_path outputs/demo --config configs/grpo/demo_tiny.yaml \\
+        --split eval --output_dir outputs/demo/eval
+    accelerate launch --num_processes 8 -m video_grpo.evaluate run ...          # queries sharded over processes
+    python -m video_grpo.evaluate score --predictions predictions.jsonl [--output metrics.json]
+
+``run`` uses the training path for prompts, frame sampling and processing (``video_grpo.data`` and
+``video_grpo.processing``), decodes greedily by default, and appends one line per query to
+``predictions.rank<R>.jsonl`` as it goes; a restarted run skips every id already written, so a killed run
+loses nothing it finished. At the end the parts are merged into ``predictions.jsonl`` and scored into
+``metrics.json``.
+
+Metric rules (``score``):
+
+- IoU = max(0, min(E, E') - max(S, S')) / (max(E, E') - min(S, S')), and 0 when the union is 0;
+- spans are used as parsed and as annotated (``solution_raw``), with no clamping;
+- the span is parsed from the last ``<answer>`` block; without one, the last ``S to E`` anywhere in the
+  text is used (so base models can be scored zero-shot); S > E is a parse failure;
+- a parse failure counts as IoU 0 and stays in the denominator;
+- R1@m is the percentage of queries with IoU >= m, for m = 0.3, 0.5, 0.7; mIoU is the mean IoU (in %);
+- with several true windows (QVHighlights), a query's IoU is the best IoU over its windows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from video_grpo.processing import encode_rows, generation_inputs, vision_placeholder_ids
+from video_grpo.rewards import answer_block, completion_text, parse_span_in, temporal_iou
+
+THRESHOLDS = (0.3, 0.5, 0.7)
+DURATION_BUCKETS = ((0, 30), (30, 60), (60, 120), (120, float("inf")))
+
+
+# -- scoring -----------------------------------------------------------------------------------------------
+
+
+def parse_prediction(output: str | None) -> tuple[float, float] | None:
+    """Span from the last ``<answer>`` block, else the last ``S to E`` anywhere; None on failure."""
+    if not output:
+        return None
+    text = completion_text(output)
+    block = answer_block(text)
+    return parse_span_in(block if block is not None else text)
+
+
+def query_iou(span: tuple[float, float] | None, solution) -> float:
+    if span is None:
+        return 0.0
+    windows = solution if isinstance(solution[0], list | tuple) else [solution]
+    return max(temporal_iou(span, (float(s), float(e))) for s, e in windows)
+
+
+def _summary(ious: list[float], failures: int) -> dict:
+    n = len(ious)
+    metrics = {f"R1@{m}": (100.0 * sum(iou >= m for iou in ious) / n if n else 0.0) for m in THRESHOLDS}
+    metrics["mIoU"] = 100.0 * sum(ious) / n if n else 0.0
+    metrics["num_queries"] = n
+    metrics["num_parse_failures"] = failures
+    return metrics
+
+
+def score_records(records: list[dict]) -> dict:
+    """Metrics from prediction records with ``output``, ``solution`` and ``duration``."""
+    ious, failures, buckets = [], 0, {b: ([], [0]) for b in DURATION_BUCKETS}
+    for record in records:
+        span = parse_prediction(record.get("output"))
+        iou = query_iou(span, record["solution"])
+        failures += span is None
+        ious.append(iou)
+        for low, high in DURATION_BUCKETS:
+            if low <= float(record["duration"]) < high:
+                buckets[(low, high)][0].append(iou)
+                buckets[(low, high)][1][0] += span is None
+    metrics = _summary(ious, failures)
+    metrics["by_duration"] = {
+        (f"{low:g}-{high:g}s" if high != float("inf") else f">={low:g}s"): _summary(b_ious, b_fail[0])
+        for (low, high), (b_ious, b_fail) in buckets.items() if b_ious
+    }
+    return metrics
+
+
+def read_predictions(path: str | Path) -> list[dict]:
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if line.endswith("\n"):
+                    raise ValueError(f"{path}:{line_no}: not valid JSON") from None
+                continue  # a last line cut short by a kill: that query is simply redone
+            missing = [k for k in ("output", "solution", "duration") if k not in record]
+            if missing:
+                raise ValueError(f"{path}:{line_no}: missing {missing}; each line needs output, solution, duration")
+            records.append(record)
+    return records
+
+
+# -- generation --------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def generate_answers(model, processor, rows: list[dict], max_new_tokens: int = 256, do_sample: bool = False,
+                     temperature: float = 1.0) -> list[str]:
+    """Answers for a batch of dataset rows, through the same processing as training."""
+    config = model.config
+    tokenizer = processor.tokenizer
+    encoded = encode_rows(processor, rows)
+    inputs = generation_inputs(encoded, tokenizer.pad_token_id, config.video_token_id, device=model.device)
+    kwargs = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "pad_token_id": tokenizer.pad_token_id,
+              "eos_token_id": tokenizer.eos_token_id, "suppress_tokens": vision_placeholder_ids(config)}
+    if do_sample:
+        kwargs["temperature"] = temperature
+    else:
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    output = model.generate(**inputs, **kwargs)
+    return processor.batch_decode(output[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def prediction_record(row: dict, output: str | None, error: str | None = None) -> dict:
+    span = parse_prediction(output)
+    solution = row.get("solution_raw") or row["solution"]
+    record = {"id": row["id"], "video": row["video"], "sentence": row["sentence"], "duration": row["duration"],
+              "solution": solution, "output": output, "span": list(span) if span else None,
+              "iou": query_iou(span, solution)}
+    if error:
+        record["error"] = error
+    return record
+
+
+def run_main(args: argparse.Namespace) -> int:
+    from accelerate import PartialState
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from video_grpo.configs import script_args_from_yaml
+    from video_grpo.data import build_dataset, dataset_kwargs
+    from video_grpo.video import VideoReadError
+
+    state = PartialState()
+    script_args = script_args_from_yaml(args.config)
+    annotations = args.annotations or (script_args.eval_file if args.split == "eval" else script_args.train_file)
+    if not annotations:
+        raise SystemExit(f"{args.config} has no {args.split}_file; pass --annotations")
+    dataset = build_dataset(annotations, max_samples=args.max_samples, **dataset_kwargs(script_args))
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    done = set()
+    for part in out_dir.glob("predictions*.jsonl"):
+        done.update(record["id"] for record in read_predictions(part))
+    ids = dataset["id"]
+    todo = [i for i, query_id in enumerate(ids) if query_id not in done][state.process_index :: state.num_processes]
+
+    processor = AutoProcessor.from_pretrained(args.model_name_or_path)
+    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else "auto"
+    model = AutoModelForImageTextToText.from_pretrained(args.model_name_or_path, dtype=dtype).to(state.device).eval()
+    part_path = out_dir / f"predictions.rank{state.process_index}.jsonl"
+    progress = tqdm(total=len(todo), desc=f"evaluating ({len(done)} done before)", unit="query",
+                    disable=not state.is_main_process)
+    with open(part_path, "a", encoding="utf-8") as part:
+        for start in range(0, len(todo), args.batch_size):
+            indices = todo[start : start + args.batch_size]
+            try:
+                rows = dataset.__getitems__(indices)
+                outputs = generate_answers(model, processor, rows, args.max_new_tokens, args.do_sample, args.temperature)
+                records = [prediction_record(row, output) for row, output in zip(rows, outputs, strict=True)]
+            except VideoReadError as err:  # one bad video must not end the evaluation
+                plain = dataset.select(indices).with_format(None)
+                records = [prediction_record(row, None, error=str(err)) for row in plain]
+            for record in records:
+                part.write(json.dumps(record) + "\n")
+            part.flush()
+            progress.update(len(indices))
+    progress.close()
+    state.wait_for_everyone()
+    if state.is_main_process:
+        merged = {}
+        for path in sorted(out_dir.glob("predictions*.jsonl")):
+            for record in read_predictions(path):
+                merged.setdefault(record["id"], record)
+        ordered = [merged[query_id] for query_id in ids if query_id in merged]
+        with open(out_dir / "predictions.jsonl.tmp", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in ordered)
+        (out_dir / "predictions.jsonl.tmp").replace(out_dir / "predictions.jsonl")
+        for path in out_dir.glob("predictions.rank*.jsonl"):
+            path.unlink()
+        metrics = score_records(ordered)
+        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        print(json.dumps({k: v for k, v in metrics.items() if k != "by_duration"}))
+    return 0
+
+
+def score_main(args: argparse.Namespace) -> int:
+    metrics = score_records(read_predictions(args.predictions))
+    text = json.dumps(metrics, indent=2)
+    if args.output:
+        Path(args.output).write_text(text)
+    print(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m video_grpo.evaluate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="generate answers for a split and score them")
+    run.add_argument("--model_name_or_path", required=True)
+    run.add_argument("--config", required=True, help="recipe YAML: data files, video sampling, prompt")
+    run.add_argument("--split", choices=["eval", "train"], default="eval", help="which file of the recipe")
+    run.add_argument("--annotations", help="evaluate this annotation file instead of the recipe's split")
+    run.add_argument("--output_dir", required=True)
+    run.add_argument("--batch_size", type=int, default=4)
+    run.add_argument("--max_samples", type=int)
+    run.add_argument("--max_new_tokens", type=int, default=256)
+    run.add_argument("--do_sample", action="store_true", help="sample instead of greedy decoding")
+    run.add_argument("--temperature", type=float, default=1.0)
+    run.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
+    score = sub.add_parser("score", help="recompute metrics from a predictions file (no model)")
+    score.add_argument("--predictions", required=True)
+    score.add_argument("--output")
+    args = parser.parse_args(argv)
+    return run_main(args) if args.command == "run" else score_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
