@@ -173,7 +173,7 @@ def test_time_comes_from_sampled_fps_and_positions_match_generation(tiny_model_d
 def test_batch_of_videos_with_different_lengths(tiny_model_dir, train_file, tmp_path):
     sampling = SamplingConfig(fps=0.5, min_frames=2, max_frames=64, min_pixels=784, max_pixels=28 * 56, max_tokens=512)
     data = build_dataset(train_file, sampling=sampling)
-    durations = data["duration"]
+    durations = list(data.with_format(None)["duration"])
     short, long = durations.index(min(durations)), durations.index(max(durations))
     data = data.select([short, long])
     trainer = make_trainer(tiny_model_dir, data, tmp_path, per_device_train_batch_size=4, num_generations=2)

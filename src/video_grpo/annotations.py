@@ -168,9 +168,15 @@ def detect_format(path: str | Path) -> str:
     raise AnnotationError(f"{path}: cannot tell the annotation format; set dataset_format to one of {FORMATS}")
 
 
-def resolve_video(video_root: Path, key: str, extensions: tuple[str, ...]) -> Path:
-    """``video_root/key`` if ``key`` has an extension, else the first ``video_root/key+ext`` that exists."""
+def resolve_video(video_root: Path, key: str, extensions: tuple[str, ...], allow_outside: bool = False,
+                  where: str = "") -> Path:
+    """``video_root/key`` if ``key`` has an extension, else the first ``video_root/key+ext`` that exists.
+
+    Unless ``allow_outside``, a key that is absolute or climbs out of ``video_root`` is an error."""
     candidate = video_root / key
+    if not allow_outside and (Path(key).is_absolute() or not candidate.resolve().is_relative_to(video_root.resolve())):
+        raise AnnotationError(f"{where}: video {key!r} is outside video_root {str(video_root)!r}; set "
+                              "allow_absolute_video_paths: true if that is intended")
     if Path(key).suffix:
         return candidate
     for ext in extensions:
@@ -207,6 +213,7 @@ def load_annotations(
     durations_file: str | Path | None = None,
     video_extensions: tuple[str, ...] = DEFAULT_EXTENSIONS,
     strict: bool = False,
+    allow_absolute_video_paths: bool = False,
 ) -> tuple[list[dict], DataReport]:
     """Read, validate and normalise annotations. Video paths are resolved (and made absolute)."""
     path = Path(path)
@@ -246,7 +253,7 @@ def load_annotations(
             continue
         if clamped:
             report.clamped_spans.append(query_id)
-        video = resolve_video(root, video_key, tuple(video_extensions)).resolve()
+        video = resolve_video(root, video_key, tuple(video_extensions), allow_absolute_video_paths, where).resolve()
         if str(video) not in seen_videos:
             seen_videos.add(str(video))
             if not video.is_file():

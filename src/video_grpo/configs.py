@@ -56,6 +56,19 @@ class GRPOScriptArguments:
         metadata={"help": "Fail on spans with start >= end, ends past the video and missing videos, instead of "
                   "skipping, clamping and listing them."},
     )
+    allow_absolute_video_paths: bool = field(
+        default=False,
+        metadata={"help": "Let annotation files name videos by absolute path or with '..' outside video_root. "
+                  "Off by default, so an annotation file cannot point the loader at arbitrary files."},
+    )
+    max_bad_sample_fraction: float = field(
+        default=0.05,
+        metadata={"help": "A video that cannot be read during training is replaced by another sample and counted "
+                  "(data/bad_samples). Above this fraction of the samples seen, the run stops."},
+    )
+    freeze_vision_tower: bool = field(
+        default=False, metadata={"help": "Train the language model only; the vision encoder keeps its weights."}
+    )
     frame_cache_dir: str | None = field(
         default=None,
         metadata={"help": "Directory of pre-decoded frames written by `python -m video_grpo.preprocess`. Used when "
@@ -129,6 +142,13 @@ class GRPOScriptArguments:
             fail("video_max_tokens", f"{self.video_max_tokens} cannot hold even video_min_frames={self.video_min_frames} "
                  f"frames at video_min_pixels={self.video_min_pixels} ({floor_tokens} tokens); raise it to at least "
                  f"{floor_tokens} or lower those two.")
+        reachable = 2 * (self.video_max_tokens // (self.video_min_pixels // PIXELS_PER_TOKEN))
+        if self.video_max_frames > reachable:
+            fail("video_max_frames", f"{self.video_max_frames} frames can never fit video_max_tokens={self.video_max_tokens}: "
+                 f"even at video_min_pixels={self.video_min_pixels} at most {reachable} frames fit. Lower "
+                 f"video_max_frames to {reachable} or raise video_max_tokens.")
+        if not 0 <= self.max_bad_sample_fraction <= 1:
+            fail("max_bad_sample_fraction", f"must be in [0, 1], got {self.max_bad_sample_fraction}.")
         if "{sentence}" not in self.prompt_template:
             fail("prompt_template", "must contain '{sentence}' where the query goes.")
         if isinstance(self.reward_funcs, str):
@@ -162,3 +182,41 @@ def script_args_from_yaml(path: str, **overrides) -> GRPOScriptArguments:
     values = {k: v for k, v in recipe.items() if k in names}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return GRPOScriptArguments(**values)
+
+
+def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args) -> None:
+    """Checks across the three dataclasses and the file system, run before any model loads."""
+    import os
+
+    from video_grpo.annotations import AnnotationError, detect_format
+
+    def fail(name: str, why: str) -> None:
+        raise ValueError(f"{name}: {why}")
+
+    if not model_args.model_name_or_path:
+        fail("model_name_or_path", "not set; e.g. Qwen/Qwen2.5-VL-7B-Instruct or a local directory.")
+    if not script_args.train_file:
+        fail("train_file", "not set; point it at the training annotations.")
+    for name in ("train_file", "eval_file", "durations_file"):
+        path = getattr(script_args, name)
+        if path and not os.path.isfile(path):
+            fail(name, f"{path!r} does not exist.")
+    if script_args.video_root and not os.path.isdir(script_args.video_root):
+        fail("video_root", f"{script_args.video_root!r} is not a directory.")
+    for name in ("train_file", "eval_file"):
+        path = getattr(script_args, name)
+        if path and script_args.dataset_format is None:
+            try:
+                detect_format(path)
+            except AnnotationError as err:
+                fail("dataset_format", str(err))
+        is_charades_txt = script_args.dataset_format == "charades_txt" or str(path).endswith(".txt")
+        if path and is_charades_txt and not script_args.durations_file:
+            fail("durations_file", f"{name} is a Charades-STA .txt; set durations_file to the Charades CSV.")
+    strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
+    if strategy != "no" and not script_args.eval_file:
+        fail("eval_strategy", f"is {strategy!r} but eval_file is not set; set eval_file or use 'no'.")
+    if training_args.trust_remote_code:
+        import logging
+
+        logging.getLogger(__name__).warning("trust_remote_code is on: the model repository may run its own code.")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import random
 import sys
 from pathlib import Path
 
@@ -40,24 +41,64 @@ def build_prompt(sentence: str, duration: float, template: str = DEFAULT_PROMPT)
 
 
 class VideoTransform:
-    """``set_transform`` callable: adds ``prompt``, ``video_frames`` and ``video_metadata`` to each row.
+    """``set_transform`` callable: adds ``prompt``, ``video_frames``, ``video_metadata`` and ``bad_sample``.
+
+    A row whose video cannot be read is replaced by another row, chosen deterministically from its
+    ``row_index`` (so the G repeats of a prompt get the same replacement); ``bad_sample`` then names the
+    failed file and the reason, and the trainer counts and logs it. Without ``records`` (the rows to draw
+    replacements from) a bad video raises :class:`VideoReadError`.
 
     A plain class (not a closure) so the dataset pickles into DataLoader worker processes.
     """
 
-    def __init__(self, sampling: SamplingConfig, prompt_template: str = DEFAULT_PROMPT, cache_dir: str | None = None):
+    max_replacement_tries = 32
+
+    def __init__(self, sampling: SamplingConfig, prompt_template: str = DEFAULT_PROMPT, cache_dir: str | None = None,
+                 records: list[dict] | None = None):
         self.sampling = sampling
         self.prompt_template = prompt_template
         self.cache_dir = cache_dir
+        self.records = records
+
+    def _load(self, path: str, decoded: dict):
+        if path not in decoded:  # the G repeats of a prompt share one decode
+            try:
+                decoded[path] = load_video(path, self.sampling, self.cache_dir)
+            except VideoReadError as err:
+                decoded[path] = err
+        return decoded[path]
+
+    def _replacement(self, row_index: int, decoded: dict) -> tuple[dict, object]:
+        rng = random.Random(row_index)
+        candidates = rng.sample(range(len(self.records)), min(len(self.records), self.max_replacement_tries))
+        for candidate in candidates:
+            record = self.records[candidate]
+            video = self._load(record["video"], decoded)
+            if not isinstance(video, VideoReadError):
+                return record, video
+        raise VideoReadError(self.records[row_index]["video"],
+                             f"it and {len(candidates)} replacement candidates are all unreadable")
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        decoded = {}
-        for path in batch["video"]:
-            if path not in decoded:  # the G repeats of a prompt share one decode
-                decoded[path] = load_video(path, self.sampling, self.cache_dir)
-        batch = dict(batch)
-        batch["video_frames"] = [decoded[p].frames for p in batch["video"]]
-        batch["video_metadata"] = [decoded[p].metadata for p in batch["video"]]
+        batch = {key: list(values) for key, values in batch.items()}
+        rows = len(batch["video"])
+        decoded: dict = {}
+        frames, metadata, bad = [], [], []
+        for i in range(rows):
+            video = self._load(batch["video"][i], decoded)
+            problem = None
+            if isinstance(video, VideoReadError):
+                if self.records is None or "row_index" not in batch:
+                    raise video
+                problem = str(video)
+                record, video = self._replacement(batch["row_index"][i], decoded)
+                for key, value in record.items():
+                    if key in batch:
+                        batch[key][i] = value
+            frames.append(video.frames)
+            metadata.append(video.metadata)
+            bad.append(problem)
+        batch["video_frames"], batch["video_metadata"], batch["bad_sample"] = frames, metadata, bad
         batch["prompt"] = [
             build_prompt(s, d, self.prompt_template) for s, d in zip(batch["sentence"], batch["duration"], strict=True)
         ]
@@ -75,16 +116,19 @@ def build_dataset(
     video_extensions: tuple[str, ...] = DEFAULT_EXTENSIONS,
     strict: bool = False,
     cache_dir: str | None = None,
+    allow_absolute_video_paths: bool = False,
 ) -> Dataset:
     """A ``Dataset`` whose rows decode their video on access. See :mod:`video_grpo.annotations` for formats."""
     records, report = load_annotations(annotation_file, dataset_format, video_root, durations_file,
-                                       tuple(video_extensions), strict)
+                                       tuple(video_extensions), strict, allow_absolute_video_paths)
     if max_samples is not None:
         records = records[:max_samples]
     if not records:
         raise AnnotationError(f"{annotation_file}: no usable records ({len(report.invalid_spans)} invalid spans)")
+    for index, record in enumerate(records):
+        record["row_index"] = index
     dataset = Dataset.from_list(records)
-    dataset.set_transform(VideoTransform(sampling or SamplingConfig(), prompt_template, cache_dir))
+    dataset.set_transform(VideoTransform(sampling or SamplingConfig(), prompt_template, cache_dir, records))
     if report.invalid_spans or report.clamped_spans or report.missing_videos:
         logger.warning(
             f"{annotation_file}: {report.records} queries; skipped {len(report.invalid_spans)} with start >= end, "
@@ -105,6 +149,7 @@ def dataset_kwargs(script_args) -> dict:
         "video_extensions": tuple(script_args.video_extensions),
         "strict": script_args.strict_data,
         "cache_dir": script_args.frame_cache_dir,
+        "allow_absolute_video_paths": script_args.allow_absolute_video_paths,
     }
 
 
@@ -156,6 +201,8 @@ def check_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--durations", help="Charades CSV with a 'length' column (for .txt annotations)")
     parser.add_argument("--format", dest="dataset_format")
     parser.add_argument("--strict", action="store_true", help="treat policy violations as errors")
+    parser.add_argument("--allow_absolute_video_paths", action="store_true",
+                        help="accept video paths outside --video_root")
     parser.add_argument("--decode", action="store_true", help="decode every video's sampled frames, not only headers")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
     args = parser.parse_args(argv)
@@ -171,12 +218,13 @@ def check_main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.config} sets no {args.split}_file")
         kwargs = dataset_kwargs(script_args)
         sampling = kwargs["sampling"]
-        load_kwargs = {k: kwargs[k] for k in ("video_root", "dataset_format", "durations_file", "video_extensions")}
+        load_kwargs = {k: kwargs[k] for k in ("video_root", "dataset_format", "durations_file", "video_extensions",
+                                              "allow_absolute_video_paths")}
         strict = args.strict or script_args.strict_data
     else:
         annotations, sampling, strict = args.annotations, SamplingConfig(), args.strict
         load_kwargs = {"video_root": args.video_root, "dataset_format": args.dataset_format,
-                       "durations_file": args.durations}
+                       "durations_file": args.durations, "allow_absolute_video_paths": args.allow_absolute_video_paths}
     try:
         records, report = load_annotations(annotations, strict=strict, **load_kwargs)
     except (AnnotationError, FileNotFoundError) as err:

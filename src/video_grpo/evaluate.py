@@ -158,7 +158,7 @@ def run_main(args: argparse.Namespace) -> int:
     done = set()
     for part in out_dir.glob("predictions*.jsonl"):
         done.update(record["id"] for record in read_predictions(part))
-    ids = dataset["id"]
+    ids = dataset.with_format(None)["id"]  # plain column access: no video decoding
     todo = [i for i, query_id in enumerate(ids) if query_id not in done][state.process_index :: state.num_processes]
 
     processor = AutoProcessor.from_pretrained(args.model_name_or_path)

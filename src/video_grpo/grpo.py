@@ -10,16 +10,15 @@ One YAML holds the fields of three dataclasses: ``GRPOScriptArguments`` (data, v
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import datasets
 import transformers
 from transformers import AutoProcessor, set_seed
-from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
 
-from video_grpo.configs import GRPOScriptArguments
+from video_grpo.checkpoints import last_complete_checkpoint
+from video_grpo.configs import GRPOScriptArguments, validate_recipe
 from video_grpo.data import build_datasets
 from video_grpo.rewards import resolve_reward_funcs
 from video_grpo.trainer import VideoGRPOTrainer
@@ -38,13 +37,12 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
     set_seed(training_args.seed)
-    if script_args.train_file is None:
-        raise ValueError("GRPOScriptArguments.train_file: not set; point it at a JSONL of grounding annotations.")
 
-    # Resume from the last checkpoint in output_dir, if any
-    last_checkpoint = None
-    if os.path.isdir(training_args.output_dir):
-        last_checkpoint = get_last_checkpoint(training_args.output_dir)
+    # Every check that needs no model: a bad recipe fails here, in seconds
+    validate_recipe(script_args, training_args, model_args)
+
+    # Resume from the last complete checkpoint in output_dir, if any
+    last_checkpoint = last_complete_checkpoint(training_args.output_dir)
     if last_checkpoint is not None and training_args.resume_from_checkpoint is None:
         logger.info(f"Checkpoint detected, resuming training at {last_checkpoint}.")
 
@@ -53,8 +51,6 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
 
     # Data: rows decode their video lazily, in DataLoader workers when dataloader_num_workers > 0
     train_dataset, eval_dataset = build_datasets(script_args)
-    if eval_dataset is None and training_args.eval_strategy != "no":
-        raise ValueError("GRPOConfig.eval_strategy is set but GRPOScriptArguments.eval_file is not.")
 
     # Model and processor. TRL loads the model from its path with these kwargs (and the reference model, if beta > 0).
     training_args.model_init_kwargs = {
@@ -79,6 +75,8 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
         processing_class=processor,
         peft_config=get_peft_config(model_args),
         grounding_eval_samples=script_args.eval_grounding_samples,
+        max_bad_sample_fraction=script_args.max_bad_sample_fraction,
+        freeze_vision_tower=script_args.freeze_vision_tower,
     )
     state = trainer.accelerator.state
     zero_stage = state.deepspeed_plugin.zero_stage if state.deepspeed_plugin is not None else None

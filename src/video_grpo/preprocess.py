@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     for annotation_file in (script_args.train_file, script_args.eval_file):
         if annotation_file:
             records, _ = load_annotations(annotation_file, script_args.dataset_format, script_args.video_root,
-                                          script_args.durations_file, tuple(script_args.video_extensions))
+                                          script_args.durations_file, tuple(script_args.video_extensions),
+                                          allow_absolute_video_paths=script_args.allow_absolute_video_paths)
             videos.update(r["video"] for r in records)
     failures = preprocess(sorted(videos), SamplingConfig.from_args(script_args), script_args.frame_cache_dir,
                           args.num_workers)

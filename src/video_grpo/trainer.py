@@ -13,23 +13,40 @@ Rows carry three extra keys through TRL's shuffle-and-split of the generation ba
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Any
 
 import torch
 from trl import GRPOTrainer
 
-from video_grpo.processing import VIDEO_TOKEN_TYPE, encode_rows, video_token_types, vision_placeholder_ids
+from video_grpo.processing import encode_rows, video_token_types, vision_placeholder_ids
+
+logger = logging.getLogger(__name__)
 
 
 class VideoGRPOTrainer(GRPOTrainer):
     """GRPO for video-language models. Dataset rows need ``prompt``, ``video_frames`` and ``video_metadata``
     (see :mod:`video_grpo.data`)."""
 
-    def __init__(self, *args, grounding_eval_samples: int | None = 64, **kwargs) -> None:
-        """``grounding_eval_samples``: how many eval queries ``evaluate()`` answers greedily for R1@m / mIoU
-        (None: all of them, 0: skip)."""
+    def __init__(self, *args, grounding_eval_samples: int | None = 64, max_bad_sample_fraction: float = 0.05,
+                 freeze_vision_tower: bool = False, **kwargs) -> None:
+        """
+        grounding_eval_samples: how many eval queries ``evaluate()`` answers greedily for R1@m / mIoU
+            (None: all of them, 0: skip).
+        max_bad_sample_fraction: stop when more than this share of the prompts seen had an unreadable video
+            (each is replaced by another sample by the dataset; see ``video_grpo.data.VideoTransform``).
+        freeze_vision_tower: train the language model only.
+        """
         super().__init__(*args, **kwargs)
         self.grounding_eval_samples = grounding_eval_samples
+        self.max_bad_sample_fraction = max_bad_sample_fraction
+        self._bad_samples_seen = 0
+        self._samples_seen = 0
+        self._warned_bad_videos: set[str] = set()
+        if freeze_vision_tower:
+            base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+            base.model.visual.requires_grad_(False)
         config = self.model.config
         self.video_token_id = config.video_token_id
         # TRL suppresses only <|image_pad|>; a sampled <|video_pad|> would break the next forward.
@@ -86,8 +103,33 @@ class VideoGRPOTrainer(GRPOTrainer):
 
     # -- TRL overrides ------------------------------------------------------------------------------------------
 
+    def _account_bad_samples(self, inputs: list[dict]) -> None:
+        """Count prompts whose video was replaced, log ``data/bad_samples``, and enforce the cap."""
+        prompts = {x.get("row_index", i): x for i, x in enumerate(inputs)}
+        bad = [x for x in prompts.values() if x.get("bad_sample")]
+        for x in bad:
+            if x["bad_sample"] not in self._warned_bad_videos:
+                self._warned_bad_videos.add(x["bad_sample"])
+                logger.warning(f"replaced a bad sample: {x['bad_sample']} (now training on {x['id']})")
+        counts = torch.tensor([len(bad), len(prompts)], device=self.accelerator.device)
+        counts = self.accelerator.reduce(counts, reduction="sum").tolist()
+        self._bad_samples_seen += int(counts[0])
+        self._samples_seen += int(counts[1])
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["data/bad_samples"].append(float(self._bad_samples_seen))
+        minimum = max(10, math.ceil(1 / self.max_bad_sample_fraction)) if self.max_bad_sample_fraction > 0 else 1
+        fraction = self._bad_samples_seen / max(self._samples_seen, 1)
+        if self._samples_seen >= minimum and fraction > self.max_bad_sample_fraction:
+            raise RuntimeError(
+                f"{self._bad_samples_seen} of {self._samples_seen} samples seen so far had an unreadable video "
+                f"({fraction:.1%} > max_bad_sample_fraction={self.max_bad_sample_fraction}). Run "
+                "`python -m video_grpo.data check --config <recipe> --decode` to list them, fix or drop them, "
+                "or raise max_bad_sample_fraction."
+            )
+
     # Why: TRL drops video; process it once here and keep it on every row of the generation batch.
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
+        self._account_bad_samples(inputs)
         self._video_rows = encode_rows(self.processing_class, inputs, self.chat_template_kwargs)
         try:
             output = super()._generate_and_score_completions(inputs)
@@ -106,7 +148,7 @@ class VideoGRPOTrainer(GRPOTrainer):
             "video_grid_thw": rows["video_grid_thw"],
             "second_per_grid_ts": rows["second_per_grid_ts"],
             "mm_token_type_ids": [
-                [VIDEO_TOKEN_TYPE if t == self.video_token_id else 0 for t in ids] for ids in rows["prompt_ids"]
+                video_token_types(torch.tensor(ids), self.video_token_id).tolist() for ids in rows["prompt_ids"]
             ],
         }
         return rows["prompt_ids"], None, multimodal_fields

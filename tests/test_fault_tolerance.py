@@ -1,0 +1,195 @@
+"""Losing a sample, never a run: bad videos mid-training, the bad-sample cap, kill -9 and resume,
+config errors before any model loads, and the security defaults."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import yaml
+
+from video_grpo.annotations import AnnotationError, load_annotations
+from video_grpo.checkpoints import is_complete, last_complete_checkpoint
+from video_grpo.data import build_dataset
+from video_grpo.evaluate import parse_prediction
+from video_grpo.rewards import REWARD_FUNCS
+
+from .conftest import REPO, SAMPLES
+from .test_launch import ENV, launch, launch_command
+from .test_trainer import SAMPLING, make_trainer
+
+
+def mixed_dataset(folder, good: int, bad_kinds: list[str]):
+    """``good`` real videos plus truncated / empty / non-video files, as a JSONL annotation file."""
+    videos = folder / "videos"
+    videos.mkdir(parents=True)
+    rows = [json.loads(line) for line in (SAMPLES / "train.jsonl").read_text().splitlines()][:good]
+    for row in rows:
+        shutil.copy(SAMPLES / row["video"], videos / os.path.basename(row["video"]))
+        row["video"] = os.path.basename(row["video"])
+    for i, kind in enumerate(bad_kinds):
+        path = videos / f"bad_{kind}_{i}.mp4"
+        if kind == "truncated":
+            path.write_bytes((SAMPLES / "videos" / "train_000.mp4").read_bytes()[:1500])
+        elif kind == "empty":
+            path.write_bytes(b"")
+        else:
+            path.write_text("this is not a video\n" * 50)
+        rows.append({**rows[0], "id": f"bad_{i}", "video": path.name})
+    annotations = folder / "train.jsonl"
+    annotations.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return annotations, videos
+
+
+@pytest.mark.launch
+def test_bad_videos_are_replaced_in_a_real_two_process_run(tiny_model_dir, tmp_path):
+    annotations, videos = mixed_dataset(tmp_path, good=4, bad_kinds=["truncated", "empty", "text"])
+    out = tmp_path / "run"
+    result = launch("cpu_zero2.yaml", tiny_model_dir, out, "--train_file", str(annotations), "--video_root",
+                    str(videos), "--max_bad_sample_fraction", "0.9", "--per_device_train_batch_size", "8",
+                    "--num_generations", "4", "--max_steps", "3")
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-5000:]
+    assert "replaced a bad sample" in log
+    assert any(f"bad_{kind}" in log for kind in ("truncated_0", "empty_1", "text_2"))
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert max(entry.get("data/bad_samples", 0) for entry in history) >= 1
+
+
+def test_too_many_bad_samples_stop_the_run_with_a_clear_message(tiny_model_dir, tmp_path):
+    annotations, videos = mixed_dataset(tmp_path, good=2, bad_kinds=["empty", "text"] * 3)
+    dataset = build_dataset(annotations, video_root=videos, sampling=SAMPLING)
+    trainer = make_trainer(tiny_model_dir, dataset, tmp_path, max_steps=20,
+                           trainer_kwargs={"max_bad_sample_fraction": 0.1})
+    with pytest.raises(RuntimeError, match=r"max_bad_sample_fraction=0.1.*video_grpo.data check"):
+        trainer.train()
+
+
+def test_replacement_is_deterministic_and_shared_by_repeats(tmp_path):
+    annotations, videos = mixed_dataset(tmp_path, good=3, bad_kinds=["empty"])
+    dataset = build_dataset(annotations, video_root=videos, sampling=SAMPLING)
+    bad = list(dataset.with_format(None)["id"]).index("bad_0")
+    rows = dataset.__getitems__([bad, bad, 0])
+    again = dataset.__getitems__([bad])
+    assert rows[0]["bad_sample"] and "file is empty" in rows[0]["bad_sample"]
+    assert rows[0]["id"] == rows[1]["id"] == again[0]["id"] != "bad_0"
+    assert rows[0]["video_frames"] is rows[1]["video_frames"]
+    assert rows[2]["bad_sample"] is None
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("config", ["cpu_zero2.yaml", "cpu_zero3.yaml"])
+def test_kill_and_resume(tiny_model_dir, tmp_path, config):
+    out = tmp_path / "run"
+    extra = ("--max_steps", "6", "--save_strategy", "steps", "--save_steps", "2", "--per_device_train_batch_size",
+             "4", "--num_generations", "4")
+    cmd = launch_command(config, tiny_model_dir, out, *extra)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and last_complete_checkpoint(out) is None:
+        assert proc.poll() is None, "the run ended before its first checkpoint"
+        time.sleep(0.05)
+    family = psutil.Process(proc.pid).children(recursive=True)  # the launcher and every training process
+    os.killpg(proc.pid, signal.SIGKILL)
+    for member in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.kill()
+    proc.wait()
+    psutil.wait_procs(family, timeout=30)
+    assert not (out / "trainer_state.json").exists(), "the kill should land before the run finished"
+    resumed_from = last_complete_checkpoint(out)
+    # A checkpoint that was being written when the kill landed: newer, but incomplete.
+    half = out / "checkpoint-5"
+    half.mkdir()
+    (half / "model.safetensors").write_bytes(b"\0" * 100)
+    assert not is_complete(half)
+
+    result = subprocess.run(launch_command(config, tiny_model_dir, out, *extra), cwd=REPO, env=ENV,
+                            capture_output=True, text=True, timeout=900)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-5000:]
+    assert f"resuming training at {resumed_from}" in log, [line for line in log.splitlines() if "heckpoint" in line]
+    assert "skipping" in log and "checkpoint-5: incomplete" in log
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 6
+
+
+def write_recipe(tmp_path, **fields) -> str:
+    recipe = {"model_name_or_path": "unused/model", "train_file": str(SAMPLES / "train.jsonl"),
+              "output_dir": str(tmp_path / "out"), "use_cpu": True, "bf16": False, **fields}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"train_file": "missing.jsonl"}, r"train_file: 'missing.jsonl' does not exist"),
+        ({"eval_file": "nope.jsonl"}, r"eval_file: 'nope.jsonl' does not exist"),
+        ({"video_root": "/no/such/dir"}, r"video_root: '/no/such/dir' is not a directory"),
+        ({"reward_funcs": ["iou", "fromat"]}, r"unknown reward 'fromat'. Known rewards: format, format_soft"),
+        ({"dataset_format": "csv"}, r"dataset_format: unknown format 'csv'"),
+        ({"video_min_pixels": 100000, "video_max_pixels": 50000}, r"video_min_pixels: .* is above video_max_pixels"),
+        ({"per_device_train_batch_size": 3, "num_generations": 2}, r"divisible by num_generations"),
+        ({"video_max_frames": 512, "video_max_tokens": 256, "video_min_pixels": 784 * 4}, r"video_max_frames: 512 frames can never fit"),
+        ({"train_file": str(REPO / "README.md")}, r"cannot tell the annotation format"),
+        ({"eval_strategy": "steps"}, r"eval_strategy: is 'steps' but eval_file is not set"),
+        ({"max_bad_sample_fraction": 2}, r"max_bad_sample_fraction: must be in \[0, 1\]"),
+    ],
+)
+def test_config_errors_fail_before_any_model_loads(tmp_path, monkeypatch, fields, message):
+    """The real entry point, in-process; loading a model would fail the test."""
+    import video_grpo.grpo as entry
+
+    def no_model_loading(*args, **kwargs):
+        raise AssertionError("a model or processor was loaded before the config error was raised")
+
+    monkeypatch.setattr(entry.AutoProcessor, "from_pretrained", no_model_loading)
+    monkeypatch.setattr(entry, "VideoGRPOTrainer", no_model_loading)
+    with pytest.raises(ValueError, match=message):
+        entry.main(*entry.parse_args(["--config", write_recipe(tmp_path, **fields)]))
+
+
+def test_config_error_from_the_command_line(tmp_path):
+    recipe = write_recipe(tmp_path, train_file="missing.jsonl")
+    result = subprocess.run([sys.executable, "-m", "video_grpo.grpo", "--config", recipe], cwd=REPO, env=ENV,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "train_file: 'missing.jsonl' does not exist" in result.stderr
+    assert "Loading weights" not in result.stderr + result.stdout
+
+
+def test_video_paths_cannot_escape_video_root(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (tmp_path / "secret.mp4").write_bytes(b"x")
+    for video in ("../secret.mp4", str(tmp_path / "secret.mp4")):
+        path = tmp_path / "a.jsonl"
+        path.write_text(json.dumps({"id": "a", "video": video, "duration": 9, "solution": [1, 2], "sentence": "s"}) + "\n")
+        with pytest.raises(AnnotationError, match="outside video_root.*allow_absolute_video_paths"):
+            load_annotations(path, video_root=root)
+        records, _ = load_annotations(path, video_root=root, allow_absolute_video_paths=True)
+        assert records[0]["video"] == str((tmp_path / "secret.mp4").resolve())
+
+
+def test_security_defaults(tmp_path):
+    from trl import GRPOConfig
+
+    assert GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False).trust_remote_code is False
+    for recipe in (REPO / "configs" / "grpo").glob("*.yaml"):
+        assert "trust_remote_code" not in recipe.read_text()
+    marker = tmp_path / "pwned"
+    payload = f"<answer>__import__('os').system('touch {marker}') to 5</answer>"
+    assert parse_prediction(payload) is None
+    for func in REWARD_FUNCS.values():
+        func(completions=[payload], solution=[[1, 2]], duration=[10])
+    assert not marker.exists()  # model output is parsed as text, never evaluated

@@ -1,0 +1,87 @@
+"""Scale recipes, each exercised: LoRA, frozen vision tower, ZeRO-3 offload, and the GPU/multi-node configs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from .conftest import REPO
+from .test_launch import ENV, changed, launch, load
+
+
+@pytest.mark.launch
+def test_lora_trains_saves_and_merges(tiny_model_dir, tmp_path):
+    out = tmp_path / "lora"
+    result = launch("cpu_zero2.yaml", tiny_model_dir, out, "--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16",
+                    "--lora_target_modules", "q_proj", "v_proj", "--beta", "0.04", "--learning_rate", "1e-2")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    adapter = load_file(out / "adapter_model.safetensors")
+    assert adapter and all("lora_" in name for name in adapter)
+    assert any(entry.get("kl") is not None for entry in __import__("json").loads(
+        (out / "trainer_state.json").read_text())["log_history"])  # beta > 0: the adapter-off base is the reference
+    merged_dir = tmp_path / "merged"
+    merge = subprocess.run([sys.executable, "-m", "video_grpo.merge_lora", "--adapter_dir", str(out), "--output_dir",
+                            str(merged_dir)], cwd=REPO, env=ENV, capture_output=True, text=True)
+    assert merge.returncode == 0, merge.stderr[-3000:]
+    initial, merged = load(tiny_model_dir), load(merged_dir)
+    assert changed(initial, merged, "language")  # the LoRA delta is in the merged weights
+    assert not changed(initial, merged, "vision")  # LoRA targeted only the language model's q/v
+
+
+@pytest.mark.launch
+def test_frozen_vision_tower(tiny_model_dir, tmp_path):
+    out = tmp_path / "frozen"
+    result = launch("cpu_zero2.yaml", tiny_model_dir, out, "--freeze_vision_tower", "true")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    initial, trained = load(tiny_model_dir), load(out)
+    assert not changed(initial, trained, "vision") and changed(initial, trained, "language")
+
+
+@pytest.mark.launch
+def test_zero3_offload_runs_on_cpu(tiny_model_dir, tmp_path):
+    out = tmp_path / "offload"
+    result = launch("cpu_zero3_offload.yaml", tiny_model_dir, out)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-5000:]
+    assert "zero_stage=3" in log and "Adam Optimizer #0 is created" in log  # DeepSpeedCPUAdam: optimizer offloaded
+    assert changed(load(tiny_model_dir), load(out), "vision")
+
+
+@pytest.mark.parametrize(("name", "processes", "machines", "stage", "offload"),
+                         [("zero2.yaml", 8, 1, 2, "none"), ("zero3.yaml", 8, 1, 3, "none"),
+                          ("zero3_offload.yaml", 8, 1, 3, "cpu"), ("multi_node_zero3.yaml", 16, 2, 3, "none")])
+def test_gpu_configs_are_valid_accelerate_configs(name, processes, machines, stage, offload):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(REPO / "configs" / "accelerate" / name))
+    assert str(config.distributed_type).endswith("DEEPSPEED")
+    assert config.num_processes == processes and config.num_machines == machines
+    assert config.deepspeed_config["zero_stage"] == stage
+    assert config.deepspeed_config["offload_optimizer_device"] == offload
+    assert str(config.mixed_precision).removeprefix("PrecisionType.").lower() == "bf16" and not config.use_cpu
+    if stage == 3:
+        assert config.deepspeed_config["zero3_save_16bit_model"] is True
+
+
+def test_slurm_script_is_valid_bash_and_uses_the_multi_node_config():
+    script = REPO / "scripts" / "slurm" / "train.slurm"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    assert "#SBATCH --nodes=2" in text and "configs/accelerate/multi_node_zero3.yaml" in text
+    assert "--machine_rank" in text and "--main_process_ip" in text
+
+
+def test_frozen_vision_tower_in_process(tiny_model_dir, train_file, tmp_path):
+    from video_grpo.data import build_dataset
+
+    from .test_trainer import SAMPLING, make_trainer, vision_snapshot
+
+    trainer = make_trainer(tiny_model_dir, build_dataset(train_file, sampling=SAMPLING), tmp_path,
+                           trainer_kwargs={"freeze_vision_tower": True})
+    before = vision_snapshot(trainer.model)
+    trainer.train()
+    assert all(torch.equal(before[n], p) for n, p in trainer.model.model.visual.named_parameters())
