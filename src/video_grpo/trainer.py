@@ -13,6 +13,7 @@ Rows carry three extra keys through TRL's shuffle-and-split of the generation ba
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import Any
@@ -20,9 +21,38 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
+from video_grpo.encoder import install
 from video_grpo.processing import encode_rows, video_token_types, vision_placeholder_ids
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def shuffle_whole_groups(group_size: int):
+    """Within the block, TRL's batch shuffle permutes groups of ``group_size`` consecutive rows (one prompt's
+    generations) instead of single rows."""
+    import trl.trainer.grpo_trainer as grpo_module
+
+    row_shuffle = grpo_module.shuffle_sequence_dict
+
+    def group_shuffle(batch: dict) -> dict:
+        size = len(next(v for v in batch.values() if v is not None))
+        if size % group_size:
+            return row_shuffle(batch)
+        order = (torch.randperm(size // group_size)[:, None] * group_size + torch.arange(group_size)).reshape(-1)
+
+        def permute(value):
+            if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
+                return value
+            return value[order] if isinstance(value, torch.Tensor) else [value[i] for i in order]
+
+        return {key: permute(value) for key, value in batch.items()}
+
+    grpo_module.shuffle_sequence_dict = group_shuffle
+    try:
+        yield
+    finally:
+        grpo_module.shuffle_sequence_dict = row_shuffle
 
 
 class VideoGRPOTrainer(GRPOTrainer):
@@ -30,13 +60,15 @@ class VideoGRPOTrainer(GRPOTrainer):
     (see :mod:`video_grpo.data`)."""
 
     def __init__(self, *args, grounding_eval_samples: int | None = 64, max_bad_sample_fraction: float = 0.05,
-                 freeze_vision_tower: bool = False, **kwargs) -> None:
+                 freeze_vision_tower: bool = False, encode_video_once: bool = True, **kwargs) -> None:
         """
         grounding_eval_samples: how many eval queries ``evaluate()`` answers greedily for R1@m / mIoU
             (None: all of them, 0: skip).
         max_bad_sample_fraction: stop when more than this share of the prompts seen had an unreadable video
             (each is replaced by another sample by the dataset; see ``video_grpo.data.VideoTransform``).
         freeze_vision_tower: train the language model only.
+        encode_video_once: run the vision encoder once per unique video per forward (and, with a frozen
+            tower, once per generation batch) instead of once per row; see ``video_grpo.encoder``.
         """
         super().__init__(*args, **kwargs)
         self.grounding_eval_samples = grounding_eval_samples
@@ -47,6 +79,15 @@ class VideoGRPOTrainer(GRPOTrainer):
         if freeze_vision_tower:
             base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
             base.model.visual.requires_grad_(False)
+        self.video_encoder = self.ref_video_encoder = None
+        if encode_video_once:
+            base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+            frozen = not any(p.requires_grad for p in base.model.visual.parameters())
+            self.video_encoder = install(self.model, reuse_across_calls=frozen)
+            if self.ref_model is not None:
+                ref = self.accelerator.unwrap_model(self.ref_model) if self.is_deepspeed_enabled else self.ref_model
+                self.ref_video_encoder = install(ref, reuse_across_calls=frozen,
+                                                 share_cache_with=self.video_encoder if frozen else None)
         config = self.model.config
         self.video_token_id = config.video_token_id
         # TRL suppresses only <|image_pad|>; a sampled <|video_pad|> would break the next forward.
@@ -129,6 +170,8 @@ class VideoGRPOTrainer(GRPOTrainer):
 
     # Why: TRL drops video; process it once here and keep it on every row of the generation batch.
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
+        if self.video_encoder is not None:
+            self.video_encoder.reset()  # a frozen tower's cached features live for one generation batch
         self._account_bad_samples(inputs)
         self._video_rows = encode_rows(self.processing_class, inputs, self.chat_template_kwargs)
         try:
@@ -139,6 +182,14 @@ class VideoGRPOTrainer(GRPOTrainer):
         output["video_grid_thw"] = rows["video_grid_thw"]
         output["second_per_grid_ts"] = rows["second_per_grid_ts"]
         return output
+
+    # Why: TRL shuffles rows; shuffling whole prompt groups keeps a video's G rows in one micro-batch, so the
+    # loss forward encodes it once. Micro-batches stay equal-sized, so the summed gradient is unchanged.
+    def _prepare_inputs(self, generation_batch):
+        if self.video_encoder is None or not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        with shuffle_whole_groups(self.num_generations):
+            return super()._prepare_inputs(generation_batch)
 
     # Why: generation must see the same token ids and video tensors as the later forwards.
     def _tokenize_prompts(self, prompts: list):

@@ -1,0 +1,100 @@
+"""Run Qwen2.5-VL's vision encoder once per unique video instead of once per row.
+
+GRPO repeats every prompt G times, so a batch holds each video G times, and a plain forward encodes it G
+times: in generation, in the old-policy and reference passes, and in the loss. :class:`VideoEncoderOnce`
+replaces ``get_video_features`` on one model instance (both ``generate`` and ``forward`` call it there):
+
+- within a call, identical videos (same grid and same pixels, compared exactly) go through the encoder
+  once and their features are shared by every row that shows them. Autograd then sums the rows'
+  gradients into that one encoding, which is the same gradient as encoding each copy separately;
+- with a frozen vision tower, features are also kept across calls until :meth:`reset` (the trainer resets
+  at every new generation batch), so generation, the old-policy pass, the reference pass and the loss all
+  reuse one encoding per video.
+
+ZeRO-3 needs every rank to run the encoder equally often. Each forward encodes its new videos in one
+call; the encoder is skipped only when the cache already holds every video of the forward, which with a
+frozen tower is true on every rank for the same passes (everything after the generation that filled it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+
+@dataclass
+class EncoderStats:
+    calls: int = 0
+    rows_requested: int = 0  # patch rows the model asked to encode
+    rows_encoded: int = 0  # patch rows that actually went through the encoder
+
+
+class VideoEncoderOnce:
+    def __init__(self, model_core, reuse_across_calls: bool = False) -> None:
+        """``model_core``: the ``Qwen2_5_VLModel`` (``model.model``) whose ``get_video_features`` is replaced."""
+        self.original = model_core.get_video_features
+        self.merge = model_core.visual.spatial_merge_size ** 2
+        self.reuse_across_calls = reuse_across_calls
+        self.cache: list[tuple[tuple, torch.Tensor, torch.Tensor]] = []  # (key, pixels, features)
+        self.stats = EncoderStats()
+        model_core.get_video_features = self
+
+    def reset(self) -> None:
+        self.cache.clear()
+
+    @staticmethod
+    def _key(pixels: torch.Tensor, grid: torch.Tensor) -> tuple:
+        sample = pixels.reshape(-1)[:: max(1, pixels.numel() // 4096)]
+        return (tuple(grid.tolist()), tuple(pixels.shape), float(sample.double().sum()))
+
+    def _find(self, entries, key, pixels):
+        for entry_key, entry_pixels, features in entries:
+            if entry_key == key and torch.equal(entry_pixels, pixels):
+                return features
+        return None
+
+    def __call__(self, pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor | None = None, **kwargs):
+        kwargs.pop("return_dict", None)
+        rows = video_grid_thw.prod(-1).tolist()
+        videos = torch.split(pixel_values_videos, rows)
+        self.stats.calls += 1
+        self.stats.rows_requested += pixel_values_videos.shape[0]
+
+        keys = [self._key(v, g) for v, g in zip(videos, video_grid_thw, strict=True)]
+        known = self.cache if self.reuse_across_calls else []
+        assignment: list[tuple[str, int | torch.Tensor]] = []  # ("new", index into to_encode) or ("known", features)
+        to_encode: list[int] = []
+        for i, (video, key) in enumerate(zip(videos, keys, strict=True)):
+            features = self._find(known, key, video)
+            if features is not None:
+                assignment.append(("known", features))
+                continue
+            match = next((j for j, k in enumerate(to_encode) if keys[k] == key and torch.equal(videos[k], video)), None)
+            if match is None:
+                to_encode.append(i)
+                match = len(to_encode) - 1
+            assignment.append(("new", match))
+
+        encoded: tuple[torch.Tensor, ...] = ()
+        if to_encode:
+            output = self.original(torch.cat([videos[i] for i in to_encode]), video_grid_thw[to_encode],
+                                   return_dict=True, **kwargs)
+            encoded = tuple(output.pooler_output)
+            self.stats.rows_encoded += sum(rows[i] for i in to_encode)
+            if self.reuse_across_calls:
+                self.cache += [(keys[i], videos[i], f.detach()) for i, f in zip(to_encode, encoded, strict=True)]
+        features = tuple(encoded[ref] if kind == "new" else ref for kind, ref in assignment)
+        return BaseModelOutputWithPooling(pooler_output=features)
+
+
+def install(model, reuse_across_calls: bool = False, share_cache_with: VideoEncoderOnce | None = None):
+    """Install on a Qwen2.5-VL model (or a PEFT wrapper of one); returns the encoder hook.
+
+    ``share_cache_with``: a reference model whose frozen tower equals the policy's reuses the policy's cache."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hook = VideoEncoderOnce(base.model, reuse_across_calls)
+    if share_cache_with is not None:
+        hook.cache = share_cache_with.cache
+    return hook
