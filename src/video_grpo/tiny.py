@@ -108,7 +108,8 @@ def build_processor(vocab_size: int = 320):
     )
 
 
-def build_config(tokenizer, text_hidden: int = 64, text_layers: int = 2, vision_hidden: int = 32):
+def build_config(tokenizer, text_hidden: int = 64, text_layers: int = 2, vision_hidden: int = 32,
+                 vision_depth: int = 2, text_intermediate: int | None = None):
     from transformers import Qwen2_5_VLConfig
 
     heads = 4
@@ -121,7 +122,7 @@ def build_config(tokenizer, text_hidden: int = 64, text_layers: int = 2, vision_
         text_config={
             "vocab_size": len(tokenizer),
             "hidden_size": text_hidden,
-            "intermediate_size": text_hidden * 2,
+            "intermediate_size": text_intermediate or text_hidden * 2,
             "num_hidden_layers": text_layers,
             "num_attention_heads": heads,
             "num_key_value_heads": 2,
@@ -133,7 +134,7 @@ def build_config(tokenizer, text_hidden: int = 64, text_layers: int = 2, vision_
             "pad_token_id": ids["<|endoftext|>"],
         },
         vision_config={
-            "depth": 2,
+            "depth": vision_depth,
             "hidden_size": vision_hidden,
             "intermediate_size": vision_hidden * 2,
             "num_heads": 2,
@@ -142,7 +143,7 @@ def build_config(tokenizer, text_hidden: int = 64, text_layers: int = 2, vision_
             "temporal_patch_size": 2,
             "spatial_merge_size": 2,
             "window_size": 112,
-            "fullatt_block_indexes": [1],
+            "fullatt_block_indexes": [vision_depth - 1],
             "tokens_per_second": 2,
         },
         image_token_id=ids["<|image_pad|>"],
