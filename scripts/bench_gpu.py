@@ -1,0 +1,135 @@
+"""GPU benchmark: random-weight, full-size Qwen2.5-VL-3B at real video sizes, plain vs encode-once.
+
+Times the training forward+backward of one GRPO micro-batch set (P prompts x G generations, each with one
+video), with the vision encoder run per row (plain, as TRL does) and once per video (video_grpo). No
+download: the architecture is built from the published 3B dimensions with random weights, so the numbers are
+about compute, not quality. Prints JSON lines like `python -m video_grpo.bench`.
+
+    python scripts/bench_gpu.py                       # on a GPU: 3B, 32 frames of 448x448, G=8
+    python scripts/bench_gpu.py --tiny --device cpu   # a seconds-long smoke run of the same code
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+from video_grpo.encoder import install
+
+# Qwen2.5-VL-3B-Instruct's config.json (text and vision dimensions that set the compute).
+QWEN_3B = {
+    "text_config": {"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+                    "num_attention_heads": 16, "num_key_value_heads": 2, "max_position_embeddings": 128000,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+                    "tie_word_embeddings": True},
+    "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+                      "out_hidden_size": 2048, "patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2,
+                      "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2},
+    "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+}
+TINY = {
+    "text_config": {**QWEN_3B["text_config"], "vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+    "vision_config": {**QWEN_3B["vision_config"], "depth": 2, "hidden_size": 32, "intermediate_size": 64,
+                      "num_heads": 2, "out_hidden_size": 64, "fullatt_block_indexes": [1]},
+}
+
+
+def build_batch(args, config, device):
+    """P prompts x G rows: text, one video's placeholder tokens, more text, then a completion."""
+    patch, merge = 14, 2
+    grid = torch.tensor([[args.frames // 2, args.height // patch, args.width // patch]])
+    video_tokens = int(grid.prod()) // merge**2
+    rows = []
+    pixels = []
+    for _ in range(args.prompts):
+        video = torch.randn(int(grid.prod()), 3 * 2 * patch * patch)
+        ids = [1000] * 40 + [config.vision_start_token_id] + [config.video_token_id] * video_tokens
+        ids += [config.vision_end_token_id] + [1001] * 60 + [1002] * args.completion
+        rows += [ids] * args.G
+        pixels += [video] * args.G
+    input_ids = torch.tensor(rows, device=device)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "pixel_values_videos": [p.to(device) for p in pixels],
+        "video_grid_thw": grid.repeat(len(rows), 1).to(device),
+        "second_per_grid_ts": torch.ones(len(rows), device=device),
+        "mm_token_type_ids": (input_ids == config.video_token_id).long() * 2,
+    }, video_tokens
+
+
+def step(model, batch, micro_batch: int, completion: int) -> None:
+    rows = batch["input_ids"].shape[0]
+    for start in range(0, rows, micro_batch):
+        end = min(rows, start + micro_batch)
+        inputs = {k: (v[start:end] if torch.is_tensor(v) else torch.cat(v[start:end])) for k, v in batch.items()}
+        logits = model(**inputs, logits_to_keep=completion + 1).logits
+        logits.float().logsumexp(-1).mean().backward()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--frames", type=int, default=32)
+    parser.add_argument("--height", type=int, default=448)
+    parser.add_argument("--width", type=int, default=448)
+    parser.add_argument("--G", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=1)
+    parser.add_argument("--completion", type=int, default=128)
+    parser.add_argument("--micro_batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--tiny", action="store_true", help="small dimensions, for a smoke run")
+    args = parser.parse_args()
+    if args.tiny:
+        args.frames, args.height, args.width, args.completion = 4, 56, 56, 8
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    config = Qwen2_5_VLConfig(**(TINY if args.tiny else QWEN_3B))
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    batch, video_tokens = build_batch(args, config, device)
+    results = {}
+    for mode in ("plain", "once"):
+        model = Qwen2_5_VLForConditionalGeneration(config).to(device=device, dtype=dtype)
+        model.gradient_checkpointing_enable()
+        model.train()
+        if mode == "once":
+            install(model)
+        step(model, batch, args.micro_batch, args.completion)  # warm-up
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        for _ in range(args.steps):
+            model.zero_grad(set_to_none=True)
+            step(model, batch, args.micro_batch, args.completion)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = (time.perf_counter() - started) / args.steps
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+        results[mode] = (seconds, peak)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    samples = batch["input_ids"].shape[0]
+    setting = {"model": "tiny" if args.tiny else "Qwen2.5-VL-3B (random weights)", "frames": args.frames,
+               "frame_size": f"{args.height}x{args.width}", "video_tokens": video_tokens, "G": args.G,
+               "prompts": args.prompts, "completion_tokens": args.completion, "device": str(device),
+               "dtype": args.dtype}
+    once, plain = results["once"], results["plain"]
+    print(json.dumps({"name": "gpu_train_samples_per_s", "ours": samples / once[0], "baseline": samples / plain[0],
+                      "ratio": plain[0] / once[0], "unit": "samples/s", **setting}))
+    if once[1] is not None:
+        print(json.dumps({"name": "gpu_peak_memory", "ours": once[1], "baseline": plain[1],
+                          "ratio": once[1] / plain[1], "unit": "GiB", **setting}))
+
+
+if __name__ == "__main__":
+    main()

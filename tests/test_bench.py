@@ -1,0 +1,40 @@
+"""`python -m video_grpo.bench perf --quick` runs end to end and its non-timing goals hold.
+
+Timing results (step time, cache speed-up, data wait) are printed by the benchmark, not asserted here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.launch
+
+
+def test_perf_quick():
+    result = subprocess.run([sys.executable, "-m", "video_grpo.bench", "perf", "--quick"], cwd=REPO,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines()]  # stdout is JSON lines only
+    print("\n".join(json.dumps(line) for line in lines))
+    for line in lines:
+        assert {"name", "ours", "baseline", "ratio", "unit"} <= line.keys()
+    names = [line["name"] for line in lines]
+    assert names == ["vision_rows_per_step", "vision_rows_per_step", "step_time", "sample_prep_cache_vs_decode",
+                     "data_wait_fraction", "peak_memory_lora_beta"]
+    rows = {line["setting"]: line["ratio"] for line in lines if line["name"] == "vision_rows_per_step"}
+    assert rows["trainable"] <= 1 / 8 * 1.05 and rows["frozen"] <= 1 / 24 * 1.05
+    memory = next(line for line in lines if line["name"] == "peak_memory_lora_beta")
+    assert memory["parameters"] >= 100_000_000 and memory["ratio"] <= 1.15
+
+
+def test_gpu_benchmark_script_smoke_runs_on_cpu():
+    result = subprocess.run([sys.executable, "scripts/bench_gpu.py", "--tiny", "--device", "cpu", "--dtype", "float32",
+                             "--steps", "1"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = json.loads(result.stdout.splitlines()[-1])
+    assert line["name"] == "gpu_train_samples_per_s" and line["ours"] > 0 and line["baseline"] > 0
