@@ -37,9 +37,9 @@ demo: $(STAMP) $(TINY)/config.json
 test: $(STAMP)
 	$(PY) -m pytest
 
-# Everything but the multi-process launches.
+# Everything but the multi-process launches, benchmarks and the learning run.
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not launch"
+	$(PY) -m pytest -m "not launch and not learning"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts

@@ -275,13 +275,25 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     perf_parser = sub.add_parser("perf", help="performance measurements")
     perf_parser.add_argument("--quick", action="store_true", help="fewer repeats; under 3 minutes on 2 cores")
+    learning_parser = sub.add_parser("learning", help="SFT then GRPO on a synthetic task: does IoU go up?")
+    learning_parser.add_argument("--quick", action="store_true", help="fewer videos and steps")
+    learning_parser.add_argument("--plot", type=Path, help="write the reward curve PNG here")
     args = parser.parse_args(argv)
+    global emit_stream
     if args.command == "perf":
-        real_stdout = sys.stdout
-        global emit_stream
-        emit_stream = real_stdout
+        emit_stream = sys.stdout
         with _TrainerLogsToStderr():
             perf(args.quick)
+    elif args.command == "learning":
+        from transformers.utils import logging as hf_logging
+
+        from video_grpo.learning import run
+
+        emit_stream = sys.stdout
+        hf_logging.set_verbosity_error()
+        torch.manual_seed(0)
+        with tempfile.TemporaryDirectory() as tmp:
+            run(Path(tmp), emit, args.quick, args.plot)
     return 0
 
 
