@@ -30,7 +30,9 @@ def launch_command(accelerate_config: str, tiny_model_dir: Path, output_dir: Pat
     return [str(accelerate), "launch", "--config_file", f"configs/accelerate/{accelerate_config}",
             "--main_process_port", str(free_port()), "-m", "video_grpo.grpo",
             "--config", recipe, "--model_name_or_path", str(tiny_model_dir),
-            "--output_dir", str(output_dir), "--max_steps", "2", "--log_level", "info", *extra]
+            "--output_dir", str(output_dir), "--max_steps", "2", "--log_level", "info",
+            # a reward that always varies within a group: every step has gradients, so "weights moved" is certain
+            "--reward_funcs", "iou", "format", "tests.launch_rewards:length_reward", *extra]
 
 
 def launch(*args, **kwargs) -> subprocess.CompletedProcess:
