@@ -46,15 +46,18 @@ def emit(name: str, ours: float, baseline: float, unit: str, **extra) -> dict:
     return line
 
 
-def _trainer(model_dir, out_dir, dataset, encode_once: bool, freeze: bool = False, **overrides):
+def length_reward(completions, **kwargs) -> list[float]:
+    """Differs within a group, so every benchmarked step has nonzero advantages and real gradients."""
+    return [float(len(str(c)) % 7) for c in completions]
+
+
+def _trainer(model_dir, out_dir, dataset, encode_once: bool = True, freeze: bool = False, peft_config=None,
+             **overrides):
     from transformers import AutoProcessor
     from trl import GRPOConfig
 
     from video_grpo.rewards import format_soft_reward, iou_reward
     from video_grpo.trainer import VideoGRPOTrainer
-
-    def length_reward(completions, **kwargs):  # differs within a group, so every step has gradients
-        return [float(len(str(c)) % 7) for c in completions]
 
     settings = {"output_dir": str(out_dir), "per_device_train_batch_size": 8, "num_generations": 8,
                 "steps_per_generation": 2, "gradient_accumulation_steps": 2, "max_completion_length": 16,
@@ -64,7 +67,7 @@ def _trainer(model_dir, out_dir, dataset, encode_once: bool, freeze: bool = Fals
     settings.update(overrides)
     return VideoGRPOTrainer(model=str(model_dir), reward_funcs=[iou_reward, format_soft_reward, length_reward],
                             args=GRPOConfig(**settings), train_dataset=dataset,
-                            processing_class=AutoProcessor.from_pretrained(model_dir),
+                            processing_class=AutoProcessor.from_pretrained(model_dir), peft_config=peft_config,
                             encode_video_once=encode_once, freeze_vision_tower=freeze)
 
 
@@ -181,27 +184,11 @@ def data_wait(model_dir: Path, work: Path, steps: int) -> None:
 def _peak_rss_child(model_dir: str, beta: float, out_dir: str) -> None:
     from peft import LoraConfig
 
-    from video_grpo.data import build_dataset  # noqa: F401  (imports before measuring, like the other side)
-
-    dataset = _dataset()
-    trainer_kwargs = {"beta": beta, "per_device_train_batch_size": 4, "num_generations": 4,
-                      "steps_per_generation": 1, "gradient_accumulation_steps": 1, "max_completion_length": 8}
-    from transformers import AutoProcessor
-    from trl import GRPOConfig
-
-    from video_grpo.rewards import iou_reward
-    from video_grpo.trainer import VideoGRPOTrainer
-
-    def length_reward(completions, **kwargs):
-        return [float(len(str(c)) % 7) for c in completions]
-
-    args = GRPOConfig(output_dir=out_dir, max_steps=1, learning_rate=1e-4, bf16=False, use_cpu=True, report_to="none",
-                      save_strategy="no", gradient_checkpointing=False, loss_type="grpo", seed=0, disable_tqdm=True,
-                      **trainer_kwargs)
-    trainer = VideoGRPOTrainer(model=model_dir, reward_funcs=[iou_reward, length_reward], args=args,
-                               train_dataset=dataset, processing_class=AutoProcessor.from_pretrained(model_dir),
-                               peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
-    trainer.train()
+    trainer = _trainer(model_dir, out_dir, _dataset(), beta=beta, per_device_train_batch_size=4, num_generations=4,
+                       steps_per_generation=1, gradient_accumulation_steps=1, max_completion_length=8,
+                       peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    with contextlib.redirect_stdout(sys.stderr):
+        trainer.train()
     print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 

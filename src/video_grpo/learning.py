@@ -24,6 +24,8 @@ import torch
 
 from video_grpo.video import SamplingConfig
 
+GRPO_LEARNING_RATE = 5e-4
+GRPO_TEMPERATURE = 1.0
 SAMPLING = SamplingConfig(fps=1.0, min_frames=4, max_frames=16, min_pixels=3136, max_pixels=112 * 112, max_tokens=128)
 
 
@@ -80,7 +82,7 @@ def _grpo(model_dir: Path, dataset, out: Path, steps: int) -> list[dict]:
     from video_grpo.trainer import VideoGRPOTrainer
 
     args = GRPOConfig(output_dir=str(out), max_steps=steps, per_device_train_batch_size=16, num_generations=8,
-                      max_completion_length=48, temperature=1.0, learning_rate=5e-4, lr_scheduler_type="constant",
+                      max_completion_length=48, temperature=GRPO_TEMPERATURE, learning_rate=GRPO_LEARNING_RATE, lr_scheduler_type="constant",
                       beta=0.0, loss_type="grpo", bf16=False, use_cpu=True, gradient_checkpointing=False,
                       report_to="none", save_strategy="no", logging_steps=1, seed=0, disable_tqdm=True)
     trainer = VideoGRPOTrainer(model=str(model_dir), reward_funcs=[iou_reward, format_reward], args=args,

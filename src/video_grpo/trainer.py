@@ -76,13 +76,12 @@ class VideoGRPOTrainer(GRPOTrainer):
         self._bad_samples_seen = 0
         self._samples_seen = 0
         self._warned_bad_videos: set[str] = set()
+        visual = (self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model).model.visual
         if freeze_vision_tower:
-            base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-            base.model.visual.requires_grad_(False)
+            visual.requires_grad_(False)
         self.video_encoder = self.ref_video_encoder = None
         if encode_video_once:
-            base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-            frozen = not any(p.requires_grad for p in base.model.visual.parameters())
+            frozen = not any(p.requires_grad for p in visual.parameters())
             self.video_encoder = install(self.model, reuse_across_calls=frozen)
             if self.ref_model is not None:
                 ref = self.accelerator.unwrap_model(self.ref_model) if self.is_deepspeed_enabled else self.ref_model
