@@ -263,7 +263,6 @@ def main(argv: list[str] | None = None) -> int:
     perf_parser = sub.add_parser("perf", help="performance measurements")
     perf_parser.add_argument("--quick", action="store_true", help="fewer repeats; under 3 minutes on 2 cores")
     learning_parser = sub.add_parser("learning", help="SFT then GRPO on a synthetic task: does IoU go up?")
-    learning_parser.add_argument("--quick", action="store_true", help="fewer videos and steps")
     learning_parser.add_argument("--plot", type=Path, help="write the reward curve PNG here")
     args = parser.parse_args(argv)
     global emit_stream
@@ -280,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         hf_logging.set_verbosity_error()
         torch.manual_seed(0)
         with tempfile.TemporaryDirectory() as tmp:
-            run(Path(tmp), emit, args.quick, args.plot)
+            run(Path(tmp), emit, args.plot)
     return 0
 
 
