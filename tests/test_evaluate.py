@@ -150,3 +150,21 @@ def test_eval_during_training_logs_r1_and_miou(tiny_model_dir, train_file, tmp_p
     trainer.train()
     logged = [e for e in trainer.state.log_history if "eval_R1@0.5" in e]
     assert logged and "eval_mIoU" in logged[0] and logged[0]["eval_num_parse_failures"] <= 4
+
+
+def test_a_bad_video_is_reported_not_replaced(tiny_model_dir, tmp_path):
+    import shutil
+
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    rows = [json.loads(line) for line in (SAMPLES / "test.jsonl").read_text().splitlines()][:2]
+    shutil.copy(SAMPLES / rows[0]["video"], videos / "good.mp4")
+    (videos / "broken.mp4").write_text("not a video")
+    rows[0]["video"], rows[1]["video"] = "videos/good.mp4", "videos/broken.mp4"
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    finish(run_eval(tiny_model_dir, out, "--annotations", str(tmp_path / "a.jsonl")))
+    predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert [p["id"] for p in predictions] == [rows[0]["id"], rows[1]["id"]]
+    assert "error" not in predictions[0] and "broken.mp4" in predictions[1]["error"]
+    assert predictions[1]["iou"] == 0.0 and json.loads((out / "metrics.json").read_text())["num_queries"] == 2

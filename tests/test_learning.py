@@ -19,7 +19,7 @@ def test_grpo_raises_iou_over_its_start():
     result = subprocess.run([sys.executable, "-m", "video_grpo.bench", "learning"], cwd=REPO,
                             capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stderr[-4000:]
-    lines = {line["name"]: line for line in map(json.loads, result.stdout.splitlines())}
+    lines = {line["name"]: line for line in map(json.loads, result.stdout.splitlines())}  # JSON lines only
     print(json.dumps(lines, indent=1))
     learning = lines["learning_iou"]
     assert learning["steps"] == 80

@@ -271,14 +271,14 @@ def main(argv: list[str] | None = None) -> int:
         with _TrainerLogsToStderr():
             perf(args.quick)
     elif args.command == "learning":
-        from transformers.utils import logging as hf_logging
-
-        from video_grpo.learning import run
-
         emit_stream = sys.stdout
-        hf_logging.set_verbosity_error()
-        torch.manual_seed(0)
-        with tempfile.TemporaryDirectory() as tmp:
+        with _TrainerLogsToStderr(), tempfile.TemporaryDirectory() as tmp:
+            from transformers.utils import logging as hf_logging
+
+            from video_grpo.learning import run
+
+            hf_logging.set_verbosity_error()
+            torch.manual_seed(0)
             run(Path(tmp), emit, args.plot)
     return 0
 

@@ -117,8 +117,12 @@ def build_dataset(
     strict: bool = False,
     cache_dir: str | None = None,
     allow_absolute_video_paths: bool = False,
+    replace_bad_samples: bool = True,
 ) -> Dataset:
-    """A ``Dataset`` whose rows decode their video on access. See :mod:`video_grpo.annotations` for formats."""
+    """A ``Dataset`` whose rows decode their video on access. See :mod:`video_grpo.annotations` for formats.
+
+    ``replace_bad_samples``: for training, a row whose video cannot be read becomes another row; evaluation
+    turns it off, so every query is answered for itself or reported as failed."""
     records, report = load_annotations(annotation_file, dataset_format, video_root, durations_file,
                                        tuple(video_extensions), strict, allow_absolute_video_paths)
     if max_samples is not None:
@@ -128,7 +132,8 @@ def build_dataset(
     for index, record in enumerate(records):
         record["row_index"] = index
     dataset = Dataset.from_list(records)
-    dataset.set_transform(VideoTransform(sampling or SamplingConfig(), prompt_template, cache_dir, records))
+    dataset.set_transform(VideoTransform(sampling or SamplingConfig(), prompt_template, cache_dir,
+                                         records if replace_bad_samples else None))
     if report.invalid_spans or report.clamped_spans or report.missing_videos:
         logger.warning(
             f"{annotation_file}: {report.records} queries; skipped {len(report.invalid_spans)} with start >= end, "

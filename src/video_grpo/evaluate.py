@@ -151,7 +151,8 @@ def run_main(args: argparse.Namespace) -> int:
     annotations = args.annotations or (script_args.eval_file if args.split == "eval" else script_args.train_file)
     if not annotations:
         raise SystemExit(f"{args.config} has no {args.split}_file; pass --annotations")
-    dataset = build_dataset(annotations, max_samples=args.max_samples, **dataset_kwargs(script_args))
+    dataset = build_dataset(annotations, max_samples=args.max_samples, replace_bad_samples=False,
+                            **dataset_kwargs(script_args))
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -174,7 +175,7 @@ def run_main(args: argparse.Namespace) -> int:
                 rows = dataset.__getitems__(indices)
                 outputs = generate_answers(model, processor, rows, args.max_new_tokens, args.do_sample, args.temperature)
                 records = [prediction_record(row, output) for row, output in zip(rows, outputs, strict=True)]
-            except VideoReadError as err:  # one bad video must not end the evaluation
+            except VideoReadError as err:  # one bad video must not end the evaluation: it scores 0, in the denominator
                 plain = dataset.select(indices).with_format(None)
                 records = [prediction_record(row, None, error=str(err)) for row in plain]
             for record in records:
