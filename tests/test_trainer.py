@@ -14,16 +14,13 @@ from transformers import AutoProcessor
 from trl import GRPOConfig, GRPOTrainer
 
 from video_grpo.data import VideoTransform, build_dataset
-from video_grpo.rewards import completion_text, iou_reward
+from video_grpo.rewards import iou_reward
 from video_grpo.trainer import VideoGRPOTrainer
 from video_grpo.video import SamplingConfig, sampled_fps
 
+from .launch_rewards import length_reward  # differs within a group: nonzero advantages, real gradients
+
 SAMPLING = SamplingConfig(fps=1.0, min_frames=2, max_frames=8, min_pixels=784, max_pixels=56 * 56, max_tokens=64)
-
-
-def length_reward(completions, **kwargs) -> list[float]:
-    """Differs between completions of a group, so advantages are nonzero and gradients flow."""
-    return [float(len(completion_text(c)) % 7) for c in completions]
 
 
 def make_trainer(model_dir, dataset, tmp_path, trainer_cls=VideoGRPOTrainer, reward_funcs=None, eval_dataset=None,

@@ -172,9 +172,10 @@ def resolve_video(video_root: Path, key: str, extensions: tuple[str, ...], allow
                   where: str = "") -> Path:
     """``video_root/key`` if ``key`` has an extension, else the first ``video_root/key+ext`` that exists.
 
-    Unless ``allow_outside``, a key that is absolute or climbs out of ``video_root`` is an error."""
+    Unless ``allow_outside``, a key that is absolute or climbs out of ``video_root`` is an error.
+    ``video_root`` must already be resolved (the caller resolves it once per file, not per record)."""
     candidate = video_root / key
-    if not allow_outside and (Path(key).is_absolute() or not candidate.resolve().is_relative_to(video_root.resolve())):
+    if not allow_outside and (Path(key).is_absolute() or not candidate.resolve().is_relative_to(video_root)):
         raise AnnotationError(f"{where}: video {key!r} is outside video_root {str(video_root)!r}; set "
                               "allow_absolute_video_paths: true if that is intended")
     if Path(key).suffix:
@@ -223,7 +224,7 @@ def load_annotations(
     if fmt not in READERS:
         raise AnnotationError(f"unknown dataset_format {fmt!r}; choose one of {FORMATS}")
     durations = read_durations_csv(durations_file) if durations_file else None
-    root = Path(video_root) if video_root else path.resolve().parent
+    root = Path(video_root).resolve() if video_root else path.resolve().parent
     report = DataReport()
     records, seen_videos, missing = [], set(), set()
     for where, query_id, video_key, duration, raw_spans, sentence in READERS[fmt](path, durations):

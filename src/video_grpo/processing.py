@@ -61,6 +61,18 @@ def video_token_types(input_ids: torch.Tensor, video_token_id: int) -> torch.Ten
     return (input_ids == video_token_id).long() * VIDEO_TOKEN_TYPE
 
 
+def video_kwargs(encoded: dict[str, Any], rows: slice, input_ids: torch.Tensor, video_token_id: int) -> dict:
+    """The video half of a forward's inputs for ``rows`` of an :func:`encode_rows` result, on ``input_ids``'
+    device; ``input_ids`` are those rows' (padded) token ids."""
+    device = input_ids.device
+    return {
+        "pixel_values_videos": torch.cat(encoded["video_pixels"][rows]).to(device),
+        "video_grid_thw": encoded["video_grid_thw"][rows].to(device),
+        "second_per_grid_ts": encoded["second_per_grid_ts"][rows].to(device),
+        "mm_token_type_ids": video_token_types(input_ids, video_token_id),
+    }
+
+
 def generation_inputs(encoded: dict[str, Any], pad_token_id: int, video_token_id: int, device=None) -> dict:
     """Left-padded ``generate`` kwargs for rows encoded by :func:`encode_rows`."""
     prompts = [torch.tensor(ids) for ids in encoded["prompt_ids"]]
@@ -70,12 +82,7 @@ def generation_inputs(encoded: dict[str, Any], pad_token_id: int, video_token_id
     for i, ids in enumerate(prompts):
         input_ids[i, width - len(ids):] = ids
         attention_mask[i, width - len(ids):] = 1
-    inputs = {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "pixel_values_videos": torch.cat(encoded["video_pixels"]),
-        "video_grid_thw": encoded["video_grid_thw"],
-        "second_per_grid_ts": encoded["second_per_grid_ts"],
-        "mm_token_type_ids": video_token_types(input_ids, video_token_id),
-    }
-    return {k: v.to(device) for k, v in inputs.items()} if device is not None else inputs
+    if device is not None:
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    return {"input_ids": input_ids, "attention_mask": attention_mask,
+            **video_kwargs(encoded, slice(None), input_ids, video_token_id)}

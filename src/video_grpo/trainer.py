@@ -22,7 +22,7 @@ import torch
 from trl import GRPOTrainer
 
 from video_grpo.encoder import install
-from video_grpo.processing import encode_rows, video_token_types, vision_placeholder_ids
+from video_grpo.processing import encode_rows, video_kwargs, video_token_types, vision_placeholder_ids
 
 logger = logging.getLogger(__name__)
 
@@ -94,17 +94,6 @@ class VideoGRPOTrainer(GRPOTrainer):
         self.generation_kwargs["suppress_tokens"] = suppressed
         self.generation_config.suppress_tokens = suppressed
         self._video_rows: dict[str, Any] | None = None  # video inputs aligned with the rows being forwarded
-
-    def _video_model_inputs(self, input_ids: torch.Tensor, start: int, end: int) -> dict[str, torch.Tensor]:
-        """Video kwargs for rows [start, end) of the batch being forwarded."""
-        rows = self._video_rows
-        device = input_ids.device
-        return {
-            "pixel_values_videos": torch.cat(rows["video_pixels"][start:end]).to(device),
-            "video_grid_thw": rows["video_grid_thw"][start:end].to(device),
-            "second_per_grid_ts": rows["second_per_grid_ts"][start:end].to(device),
-            "mm_token_type_ids": video_token_types(input_ids[start:end], self.video_token_id),
-        }
 
     # -- evaluation ------------------------------------------------------------------------------------------
 
@@ -233,7 +222,7 @@ class VideoGRPOTrainer(GRPOTrainer):
         for start in range(0, input_ids.size(0), batch_size):
             end = min(start + batch_size, input_ids.size(0))
             ids, mask = input_ids[start:end], attention_mask[start:end]
-            model_inputs = {"input_ids": ids, "attention_mask": mask, **self._video_model_inputs(input_ids, start, end)}
+            model_inputs = {"input_ids": ids, "attention_mask": mask, **video_kwargs(self._video_rows, slice(start, end), ids, self.video_token_id)}
             if compute_aux_loss:
                 model_inputs["output_router_logits"] = True
             labels = ids.masked_fill(mask == 0, -100)
