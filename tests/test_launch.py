@@ -25,12 +25,15 @@ def free_port() -> int:
 
 
 def launch_command(accelerate_config: str, tiny_model_dir: Path, output_dir: Path, *extra: str,
-                   recipe: str = "configs/grpo/demo_tiny.yaml") -> list[str]:
+                   recipe: str = "configs/grpo/demo_tiny.yaml", entry: tuple[str, ...] = ("-m", "video_grpo.grpo"),
+                   launcher: tuple[str, ...] = (), log_level: str = "info") -> list[str]:
+    """``accelerate launch`` of the entry point on a CPU twin of a GPU config (``cpu/zero3.yaml``...), in bf16
+    as the twins and the GPU recipes are."""
     accelerate = Path(sys.executable).with_name("accelerate")
     return [str(accelerate), "launch", "--config_file", f"configs/accelerate/{accelerate_config}",
-            "--main_process_port", str(free_port()), "-m", "video_grpo.grpo",
+            *(launcher or ("--main_process_port", str(free_port()))), *entry,
             "--config", recipe, "--model_name_or_path", str(tiny_model_dir),
-            "--output_dir", str(output_dir), "--max_steps", "2", "--log_level", "info",
+            "--output_dir", str(output_dir), "--max_steps", "2", "--log_level", log_level, "--bf16", "true",
             # a reward that always varies within a group: every step has gradients, so "weights moved" is certain
             "--reward_funcs", "iou", "format", "tests.launch_rewards:length_reward", *extra]
 
@@ -47,15 +50,22 @@ def load(path) -> dict[str, torch.Tensor]:
 
 
 def changed(initial: dict, trained: dict, part: str) -> bool:
+    """Whether any weight of ``part`` differs, compared in the saved dtype: a bf16 run saves bf16 weights, and the
+    rounding of an unchanged fp32 weight is not a change."""
     names = [n for n in initial if (".visual." in n) == (part == "vision")]
     assert names
-    return any(not torch.equal(trained[n], initial[n]) for n in names)
+    return any(not torch.equal(trained[n], initial[n].to(trained[n].dtype)) for n in names)
 
 
-@pytest.mark.parametrize(("config", "stage"), [("cpu_zero2.yaml", 2), ("cpu_zero3.yaml", 3)])
-def test_accelerate_launch_trains_and_saves(tiny_model_dir, tmp_path, config, stage):
+# ZeRO-3 also runs ground-truth-guided groups of 8 over 2 ranks of 4 rows: each group spans both ranks.
+GUIDED = ("--gt_guidance", "true", "--advantage_shaping", "tempsamp", "--per_device_train_batch_size", "4",
+          "--num_generations", "8")
+
+
+@pytest.mark.parametrize(("config", "stage", "extra"), [("cpu/zero2.yaml", 2, ()), ("cpu/zero3.yaml", 3, GUIDED)])
+def test_accelerate_launch_trains_and_saves(tiny_model_dir, tmp_path, config, stage, extra):
     out = tmp_path / "run"
-    result = launch(config, tiny_model_dir, out)
+    result = launch(config, tiny_model_dir, out, *extra)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-5000:]
     assert f"distributed_type=DEEPSPEED num_processes=2 zero_stage={stage}" in log
@@ -64,4 +74,7 @@ def test_accelerate_launch_trains_and_saves(tiny_model_dir, tmp_path, config, st
     assert all(trained[name].shape == tensor.shape for name, tensor in initial.items())
     assert changed(initial, trained, "vision"), "vision tower did not train"
     assert (out / "trainer_state.json").is_file()
+    if extra:  # every group had its guided answer: the metric is logged for each step
+        history = __import__("json").loads((out / "trainer_state.json").read_text())["log_history"]
+        assert len([e for e in history if "guidance/groups_all_sampled_negative" in e]) == 2
     assert not list(out.glob("*.bin")) or [p.name for p in out.glob("*.bin")] == ["training_args.bin"]

@@ -7,16 +7,17 @@ import sys
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from .conftest import REPO
-from .test_launch import ENV, changed, launch, load
+from .test_launch import ENV, changed, free_port, launch, launch_command, load
 
 
 @pytest.mark.launch
 def test_lora_trains_saves_and_merges(tiny_model_dir, tmp_path):
     out = tmp_path / "lora"
-    result = launch("cpu_zero2.yaml", tiny_model_dir, out, "--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16",
+    result = launch("cpu/zero2.yaml", tiny_model_dir, out, "--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16",
                     "--lora_target_modules", "q_proj", "v_proj", "--beta", "0.04", "--learning_rate", "1e-2")
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     adapter = load_file(out / "adapter_model.safetensors")
@@ -35,7 +36,7 @@ def test_lora_trains_saves_and_merges(tiny_model_dir, tmp_path):
 @pytest.mark.launch
 def test_frozen_vision_tower(tiny_model_dir, tmp_path):
     out = tmp_path / "frozen"
-    result = launch("cpu_zero2.yaml", tiny_model_dir, out, "--freeze_vision_tower", "true")
+    result = launch("cpu/zero2.yaml", tiny_model_dir, out, "--freeze_vision_tower", "true")
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     initial, trained = load(tiny_model_dir), load(out)
     assert not changed(initial, trained, "vision") and changed(initial, trained, "language")
@@ -44,7 +45,7 @@ def test_frozen_vision_tower(tiny_model_dir, tmp_path):
 @pytest.mark.launch
 def test_zero3_offload_runs_on_cpu(tiny_model_dir, tmp_path):
     out = tmp_path / "offload"
-    result = launch("cpu_zero3_offload.yaml", tiny_model_dir, out)
+    result = launch("cpu/zero3_offload.yaml", tiny_model_dir, out)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-5000:]
     assert "zero_stage=3" in log and "Adam Optimizer #0 is created" in log  # DeepSpeedCPUAdam: optimizer offloaded
@@ -65,6 +66,33 @@ def test_gpu_configs_are_valid_accelerate_configs(name, processes, machines, sta
     assert str(config.mixed_precision).removeprefix("PrecisionType.").lower() == "bf16" and not config.use_cpu
     if stage == 3:
         assert config.deepspeed_config["zero3_save_16bit_model"] is True
+
+
+@pytest.mark.parametrize("name", ["zero2.yaml", "zero3.yaml", "zero3_offload.yaml", "multi_node_zero3.yaml"])
+def test_every_gpu_config_has_a_cpu_twin_that_differs_only_in_device_and_process_count(name):
+    """The launched tests run the twins (cpu/<name>), so they run the DeepSpeed stage, offload and bf16 users run."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    folder = REPO / "configs" / "accelerate"
+    gpu, twin = (yaml.safe_load(path.read_text()) for path in (folder / name, folder / "cpu" / name))
+    assert {key for key in gpu.keys() | twin.keys() if gpu.get(key) != twin.get(key)} == {"use_cpu", "num_processes"}
+    assert twin["use_cpu"] is True and twin["num_processes"] == 2 and twin["mixed_precision"] == "bf16"
+    load_config_from_file(str(folder / "cpu" / name))  # and accelerate accepts it
+    launched = "\n".join(path.read_text() for path in (REPO / "tests").glob("test_*.py"))
+    assert f'"cpu/{name}"' in launched, f"no launched test runs cpu/{name}"
+
+
+@pytest.mark.launch
+def test_multi_node_twin_trains_on_two_nodes(tiny_model_dir, tmp_path):
+    """Two `accelerate launch` "nodes" (machine_rank 0 and 1) on this machine, one process each, ZeRO-3, bf16."""
+    out, port = tmp_path / "run", free_port()
+    nodes = [subprocess.Popen(launch_command("cpu/multi_node_zero3.yaml", tiny_model_dir, out, launcher=(
+        "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port))),
+        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    logs = [node.communicate(timeout=900)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    assert "distributed_type=DEEPSPEED num_processes=2 zero_stage=3" in logs[0]
+    assert changed(load(tiny_model_dir), load(out), "vision")
 
 
 def test_slurm_script_is_valid_bash_and_uses_the_multi_node_config():

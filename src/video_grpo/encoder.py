@@ -11,13 +11,21 @@ replaces ``get_video_features`` on one model instance (both ``generate`` and ``f
   at every new generation batch), so generation, the old-policy pass, the reference pass and the loss all
   reuse one encoding per video.
 
-ZeRO-3 needs every rank to run the encoder equally often. Each forward encodes its new videos in one
-call; the encoder is skipped only when the cache already holds every video of the forward, which with a
-frozen tower is true on every rank for the same passes (everything after the generation that filled it).
+ZeRO-3 needs every rank to run the encoder equally often, so whether a forward runs it must not depend on
+what a rank's cache happens to hold. It never does:
+
+- a trainable tower runs once in every forward (each forward has videos, and its new videos go in one call);
+- a frozen tower runs once per generation batch, in generation's prefill, which stores the features. The
+  trainer then puts the hook in :meth:`serving` mode for every later forward of that batch (old policy,
+  reference, loss): there the encoder never runs, and a video missing from the cache is an error, not a
+  silent extra encoder call on one rank. Cache hits are exact: the video inputs are bit-identical across
+  the forwards of a batch (see the policy in :mod:`video_grpo.processing`).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +34,8 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 @dataclass
 class EncoderStats:
-    calls: int = 0
+    calls: int = 0  # forwards that asked for video features
+    encoder_runs: int = 0  # times the vision tower actually ran
     rows_requested: int = 0  # patch rows the model asked to encode
     rows_encoded: int = 0  # patch rows that actually went through the encoder
 
@@ -39,10 +48,45 @@ class VideoEncoderOnce:
         self.reuse_across_calls = reuse_across_calls
         self.cache: list[tuple[tuple, torch.Tensor, torch.Tensor]] = []  # (key, pixels, features)
         self.stats = EncoderStats()
+        self.use_cache = True  # False inside bypassing()
+        self.must_hit = False  # in serving mode: every video must come from the cache
         model_core.get_video_features = self
 
     def reset(self) -> None:
         self.cache.clear()
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """Frozen tower: within the block every video must come from the cache (filled by generation); a miss
+        raises instead of running the encoder on this rank only. A trainable tower encodes as usual."""
+        previous, self.must_hit = self.must_hit, self.reuse_across_calls
+        try:
+            yield
+        finally:
+            self.must_hit = previous
+
+    @contextlib.contextmanager
+    def set_aside(self) -> Iterator[None]:
+        """Run the block with an empty cache and give the current one back afterwards: an evaluation between
+        two optimizer steps of one generation batch must not evict that batch's features. In place, so a
+        reference model sharing this cache sees the same."""
+        saved = list(self.cache)
+        self.cache.clear()
+        try:
+            yield
+        finally:
+            self.cache[:] = saved
+
+    @contextlib.contextmanager
+    def bypassing(self) -> Iterator[None]:
+        """Neither read nor fill the cache: every forward encodes its videos (once each). For held-out
+        evaluation, whose videos are not reused; reading the cache there would make a rank skip the tower
+        whenever it happens to hold a video, and others not."""
+        previous, self.use_cache = self.use_cache, False
+        try:
+            yield
+        finally:
+            self.use_cache = previous
 
     @staticmethod
     def _key(pixels: torch.Tensor, grid: torch.Tensor) -> tuple:
@@ -63,7 +107,7 @@ class VideoEncoderOnce:
         self.stats.rows_requested += pixel_values_videos.shape[0]
 
         keys = [self._key(v, g) for v, g in zip(videos, video_grid_thw, strict=True)]
-        known = self.cache if self.reuse_across_calls else []
+        known = self.cache if self.reuse_across_calls and self.use_cache else []
         assignment: list[tuple[str, int | torch.Tensor]] = []  # ("new", index into to_encode) or ("known", features)
         to_encode: list[int] = []
         for i, (video, key) in enumerate(zip(videos, keys, strict=True)):
@@ -78,12 +122,19 @@ class VideoEncoderOnce:
             assignment.append(("new", match))
 
         encoded: tuple[torch.Tensor, ...] = ()
+        if to_encode and self.must_hit:
+            raise RuntimeError(
+                f"{len(to_encode)} of {len(videos)} videos of this forward are not in the frozen vision tower's cache, "
+                "which generation filled for this batch. Their inputs differ from generation's (dtype or values), "
+                "and encoding them here would run the tower on this rank only (a ZeRO-3 hang)."
+            )
         if to_encode:
             output = self.original(torch.cat([videos[i] for i in to_encode]), video_grid_thw[to_encode],
                                    return_dict=True, **kwargs)
             encoded = tuple(output.pooler_output)
+            self.stats.encoder_runs += 1
             self.stats.rows_encoded += sum(rows[i] for i in to_encode)
-            if self.reuse_across_calls:
+            if self.reuse_across_calls and self.use_cache:
                 self.cache += [(keys[i], videos[i], f.detach()) for i, f in zip(to_encode, encoded, strict=True)]
         features = tuple(encoded[ref] if kind == "new" else ref for kind, ref in assignment)
         return BaseModelOutputWithPooling(pooler_output=features)

@@ -1,6 +1,19 @@
 """Turn grounding rows (prompt + sampled frames + metadata) into Qwen2.5-VL model inputs.
 
 One function shared by training and evaluation, so both see the same tokens, pixels and time scale.
+
+Video input policy: :func:`encode_rows` makes the video half of every forward once, on the CPU, and
+nothing changes it afterwards except its device.
+
+- ``pixel_values_videos``: float32, the processor's normalised values. The model casts them to the vision
+  tower's dtype itself (``get_video_features``), the same way in every forward.
+- ``second_per_grid_ts``: float32, from the sampled frames' real timestamps. Never cast to bf16: 0.99955 s
+  would become 1.0 and move every frame's time position.
+- ``video_grid_thw``: int64; ``mm_token_type_ids``: rebuilt from the token ids in every forward.
+
+Under DeepSpeed, ``Trainer._prepare_input`` casts every float tensor on its way to generation (and only
+there) to the engine's dtype; ``VideoGRPOTrainer._prepare_input`` exempts :data:`VIDEO_FLOAT_INPUTS` from
+that cast, so generation and the old-policy, reference and loss forwards see bit-identical video inputs.
 """
 
 from __future__ import annotations
@@ -9,14 +22,25 @@ from typing import Any
 
 import torch
 
+from video_grpo import positions
+from video_grpo.configs import TEMPORAL_PATCH
+from video_grpo.video import frame_spacing
+
+positions.install()  # every Qwen2.5-VL forward and generation uses the reference 3-D position layout
+
+VIDEO_FLOAT_INPUTS = frozenset({"pixel_values_videos", "second_per_grid_ts"})
+# The fields of transformers' VideoMetadata; our metadata carries more (timestamps).
+PROCESSOR_METADATA_KEYS = ("total_num_frames", "fps", "width", "height", "duration", "frames_indices")
+
 
 def encode_rows(processor, rows: list[dict], chat_template_kwargs: dict | None = None) -> dict[str, Any]:
     """Tokenize each row's prompt with its video; rows that share a video and prompt are processed once.
 
     Returns per-row ``prompt_ids`` (lists), ``video_pixels`` (a list of ``(patches, 1176)`` tensors, shared by
     identical rows), ``video_grid_thw`` ``(B, 3)`` and ``second_per_grid_ts`` ``(B,)``. The frames were already
-    sampled and sized by :mod:`video_grpo.video`, so the processor neither resamples nor resizes them; the
-    metadata makes ``second_per_grid_ts`` follow the *sampled* fps instead of the processor's 24-fps default.
+    sampled and sized by :mod:`video_grpo.video`, so the processor neither resamples nor resizes them.
+    ``second_per_grid_ts`` is the temporal patch times the sampled frames' real mean spacing (their
+    timestamps), not the processor's frames / fps estimate, which is wrong for variable-frame-rate files.
     """
     texts = processor.apply_chat_template(
         [row["prompt"] for row in rows], tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
@@ -30,14 +54,15 @@ def encode_rows(processor, rows: list[dict], chat_template_kwargs: dict | None =
     encoded = processor(
         text=[texts[i] for i in order],
         videos=[rows[i]["video_frames"] for i in order],
-        video_metadata=[rows[i]["video_metadata"] for i in order],
+        video_metadata=[{k: rows[i]["video_metadata"][k] for k in PROCESSOR_METADATA_KEYS} for i in order],
         do_sample_frames=False,
         do_resize=False,
         cap_pixels_per_frame=True,  # explicit, to silence a transformers warning; frames are pre-sized anyway
     )
     grid = torch.as_tensor(encoded["video_grid_thw"]).long()
     pixels = torch.split(torch.as_tensor(encoded["pixel_values_videos"]), grid.prod(-1).tolist())
-    seconds = torch.as_tensor(encoded["second_per_grid_ts"], dtype=torch.float32)
+    seconds = torch.tensor([TEMPORAL_PATCH * frame_spacing(rows[i]["video_metadata"]) for i in order],
+                           dtype=torch.float32)
     return {
         "prompt_ids": [list(encoded["input_ids"][u]) for u in row_to_unique],
         "video_pixels": [pixels[u] for u in row_to_unique],
@@ -66,7 +91,7 @@ def video_kwargs(encoded: dict[str, Any], rows: slice, input_ids: torch.Tensor, 
     device; ``input_ids`` are those rows' (padded) token ids."""
     device = input_ids.device
     return {
-        "pixel_values_videos": torch.cat(encoded["video_pixels"][rows]).to(device),
+        "pixel_values_videos": torch.cat(encoded["video_pixels"][rows]).to(device),  # device only: see the policy
         "video_grid_thw": encoded["video_grid_thw"][rows].to(device),
         "second_per_grid_ts": encoded["second_per_grid_ts"][rows].to(device),
         "mm_token_type_ids": video_token_types(input_ids, video_token_id),

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -93,15 +94,13 @@ def fit_frame_size(height: int, width: int, min_pixels: int, max_pixels: int) ->
     return h, w
 
 
-def plan_sampling(
-    total_frames: int, native_fps: float, height: int, width: int, cfg: SamplingConfig
-) -> tuple[list[int], int, int]:
-    """Choose frame indices and the output frame size so the video fits ``cfg.max_tokens``.
+def plan_sampling(duration: float, height: int, width: int, cfg: SamplingConfig) -> tuple[int, int, int]:
+    """Choose how many frames to take from a ``duration``-second video and their size, within ``cfg.max_tokens``.
 
-    Order of concessions: first shrink each frame (down to ``min_pixels``), then take fewer frames. Frames are
-    always spread uniformly over the whole video, so a long video is covered end to end.
+    Order of concessions: first shrink each frame (down to ``min_pixels``), then take fewer frames. The frames
+    are then spread over the whole video by :func:`sample_times`, so a long video is covered end to end.
+    Returns ``(count, height, width)``; ``count`` is even (Qwen2.5-VL's temporal patch is 2 frames).
     """
-    duration = total_frames / native_fps
     n = round(duration * cfg.fps)
     n = min(max(n, cfg.min_frames), cfg.max_frames)
     n = max(TEMPORAL_PATCH, n - n % TEMPORAL_PATCH)
@@ -112,11 +111,41 @@ def plan_sampling(
     tokens_per_pair = h * w // PIXELS_PER_TOKEN
     while n > TEMPORAL_PATCH and n // TEMPORAL_PATCH * tokens_per_pair > cfg.max_tokens:
         n -= TEMPORAL_PATCH
-    if total_frames >= n:
-        indices = torch.linspace(0, total_frames - 1, n).round().long().tolist()
-    else:  # short video: repeat frames (a 1-frame video becomes 2 identical frames)
-        indices = [min(total_frames - 1, i * total_frames // n) for i in range(n)]
-    return indices, h, w
+    return n, h, w
+
+
+def sample_times(count: int, duration: float) -> list[float]:
+    """The instants (seconds from the first frame) the ``count`` frames show: the starts of ``count`` equal
+    slices of the video. Frame k is then at k x duration / count, which is exactly where the model's time
+    axis puts it (frame k at k / sampled fps)."""
+    return [k * duration / count for k in range(count)]
+
+
+def frames_at(starts: Sequence[float], times: Sequence[float]) -> list[int]:
+    """For each instant, the index of the frame on screen then: the last frame that starts at or before it.
+
+    ``starts`` are the frames' presentation times in seconds, ascending. Works for constant and variable frame
+    rates alike; a video with fewer frames than instants repeats frames."""
+    import bisect
+
+    last = len(starts) - 1
+    return [min(last, max(0, bisect.bisect_right(starts, starts[0] + t + 1e-6) - 1)) for t in times]
+
+
+def frame_spacing(metadata: dict) -> float:
+    """Mean real spacing in seconds between consecutive sampled frames, from their presentation timestamps.
+
+    This is what Qwen2.5-VL's ``second_per_grid_ts`` must be built from (times the temporal patch size); for a
+    variable-frame-rate file it differs from ``1 / (frames / fps)``."""
+    times = metadata["timestamps"]
+    if len(times) > 1 and times[-1] > times[0]:
+        return (times[-1] - times[0]) / (len(times) - 1)
+    return metadata["duration"] / max(len(times), 1)  # one frame repeated: its share of the video
+
+
+def sampled_fps(metadata: dict) -> float:
+    """Frames per second actually fed to the model: 1 / :func:`frame_spacing`."""
+    return 1.0 / frame_spacing(metadata)
 
 
 def _open(path: str):
@@ -147,22 +176,20 @@ def probe_video(path: str) -> dict:
     return {"total_num_frames": total, "fps": native_fps, "height": height, "width": width}
 
 
-def _spread_in_time(reader, total: int, count: int) -> list[int] | None:
-    """For variable-frame-rate video: the frames nearest to ``count`` instants evenly spaced in *time*.
+def frame_timeline(reader, total: int, native_fps: float) -> tuple[list[float], float]:
+    """Every frame's presentation time (seconds, from the first frame) and the video's duration.
 
-    Index-uniform sampling would bunch frames where the rate is high and misplace every frame in time.
-    Returns None for constant-rate video, where index-uniform sampling is already time-uniform.
-    """
-    import numpy as np
-
-    starts = reader.get_frame_timestamp(list(range(total)))[:, 0]
-    gaps = np.diff(starts)
-    if gaps.size == 0 or gaps.max() - gaps.min() <= 0.25 * max(float(np.median(gaps)), 1e-6):
-        return None
-    targets = np.linspace(starts[0], starts[-1], count)
-    right = np.clip(np.searchsorted(starts, targets), 1, total - 1)
-    nearest = np.where(targets - starts[right - 1] <= starts[right] - targets, right - 1, right)
-    return nearest.astype(int).tolist()
+    Taken from the frames' own timestamps, not from ``total / fps``: for a variable-frame-rate file (say 3 s at
+    5 fps, then 3 s at 30 fps) the container's average fps makes ``total / fps`` far from the real length."""
+    stamps = reader.get_frame_timestamp(list(range(total)))  # (total, 2): start and end of each frame
+    starts = [float(s) - float(stamps[0, 0]) for s in stamps[:, 0]]
+    if any(b < a for a, b in zip(starts, starts[1:], strict=False)):  # timestamps unusable: fall back to the rate
+        starts = [i / native_fps for i in range(total)]
+        return starts, total / native_fps
+    last_length = float(stamps[-1, 1] - stamps[-1, 0])
+    if not last_length > 0:
+        last_length = (starts[-1] - starts[0]) / (total - 1) if total > 1 else 1 / native_fps
+    return starts, starts[-1] + last_length
 
 
 def read_video(path: str, cfg: SamplingConfig) -> SampledVideo:
@@ -170,9 +197,9 @@ def read_video(path: str, cfg: SamplingConfig) -> SampledVideo:
     reader, total, native_fps = _open(path)
     try:
         first = reader[0].shape  # (H, W, C)
-        indices, h, w = plan_sampling(total, native_fps, first[0], first[1], cfg)
-        if total > len(indices):
-            indices = _spread_in_time(reader, total, len(indices)) or indices
+        starts, duration = frame_timeline(reader, total, native_fps)
+        count, h, w = plan_sampling(duration, first[0], first[1], cfg)
+        indices = frames_at(starts, sample_times(count, duration))
         frames = torch.from_numpy(reader.get_batch(indices).asnumpy())
     except Exception as err:  # decord raises DECORDError, RuntimeError, IndexError ... on bad input
         raise VideoReadError(path, f"{type(err).__name__}: {err}".strip()) from err
@@ -183,14 +210,15 @@ def read_video(path: str, cfg: SamplingConfig) -> SampledVideo:
         "fps": native_fps,
         "total_num_frames": total,
         "frames_indices": indices,
-        "duration": total / native_fps,
+        "timestamps": [round(starts[i], 6) for i in indices],  # presentation time of each sampled frame
+        "duration": duration,
         "height": h,
         "width": w,
     }
     return SampledVideo(frames=frames, metadata=metadata)
 
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: frames chosen by timestamp, metadata has "timestamps"
 
 
 def cache_key(path: str, cfg: SamplingConfig) -> str:
@@ -244,8 +272,3 @@ def load_video(path: str, cfg: SamplingConfig, cache_dir: str | Path | None = No
         if cached is not None:
             return cached
     return read_video(path, cfg)
-
-
-def sampled_fps(metadata: dict) -> float:
-    """Frames per second actually fed to the model (what ``second_per_grid_ts`` must be based on)."""
-    return len(metadata["frames_indices"]) / metadata["total_num_frames"] * metadata["fps"]

@@ -1,0 +1,99 @@
+"""The real training entry point, launched by ``accelerate launch tests/launch_probe.py --config ...``, with
+probes that only observe. Each rank writes ``<output_dir>/probe.rank<R>.json``:
+
+- ``rows_compared`` / ``rows_differing``: every row of every forward after generation (old policy, reference,
+  loss) against the 3-D positions generation gave the same prompt;
+- ``generation_seconds`` / ``later_seconds``: the ``second_per_grid_ts`` values (and dtypes) each side got;
+- ``encoder_runs`` / ``generation_batches``: vision-tower forwards (policy and reference) and generation batches,
+  during training and during evaluation;
+- ``eval_metrics``: what ``evaluate()`` returned (eval_strategy steps runs it during training too).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
+
+import video_grpo.grpo as entry
+
+RECORD: dict = {"rows_compared": 0, "rows_differing": 0, "generation_seconds": [], "later_seconds": [],
+                "dtypes": Counter(), "encoder_runs": Counter(), "generation_batches": Counter(), "eval_metrics": []}
+STATE = {"in_generation": False, "phase": "train"}
+GENERATED: dict[tuple, torch.Tensor] = {}  # prompt ids -> their positions at generation
+
+rope_index = qwen.Qwen2_5_VLModel.get_rope_index  # whatever the package installed
+
+
+def spy_rope_index(self, input_ids, *args, **kwargs):
+    positions, deltas = rope_index(self, input_ids, *args, **kwargs)
+    mask = kwargs.get("attention_mask")
+    seconds = kwargs.get("second_per_grid_ts")
+    side = "generation" if STATE["in_generation"] else "later"
+    if seconds is not None:
+        RECORD[f"{side}_seconds"] += seconds.double().tolist()
+        RECORD["dtypes"][f"{side}:second_per_grid_ts:{seconds.dtype}"] += 1
+    for row in range(input_ids.shape[0]):
+        keep = mask[row].bool() if mask is not None else torch.ones_like(input_ids[row], dtype=torch.bool)
+        ids, row_positions = tuple(input_ids[row][keep].tolist()), positions[:, row, keep].cpu()
+        if STATE["in_generation"]:
+            GENERATED[ids] = row_positions
+            continue
+        prompt = next((p for p in GENERATED if ids[: len(p)] == p), None)
+        if prompt is not None:
+            RECORD["rows_compared"] += 1
+            RECORD["rows_differing"] += int(not torch.equal(row_positions[:, : len(prompt)], GENERATED[prompt]))
+    return positions, deltas
+
+
+prepare_positions = qwen.Qwen2_5_VLForConditionalGeneration._prepare_position_ids_for_generation
+
+
+def spy_generation_positions(self, *args, **kwargs):
+    STATE["in_generation"] = True
+    try:
+        return prepare_positions(self, *args, **kwargs)
+    finally:
+        STATE["in_generation"] = False
+
+
+qwen.Qwen2_5_VLModel.get_rope_index = spy_rope_index
+qwen.Qwen2_5_VLForConditionalGeneration._prepare_position_ids_for_generation = spy_generation_positions
+
+
+class ProbeTrainer(entry.VideoGRPOTrainer):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        towers = [self.model.model.visual] + ([self.ref_model.model.visual] if self.ref_model is not None else [])
+        for tower in towers:
+            tower.register_forward_hook(lambda module, args, output: RECORD["encoder_runs"].update([STATE["phase"]]))
+        RECORD["dtypes"][f"vision_tower:{next(self.model.model.visual.parameters()).dtype}"] += 1
+
+    def _generate_and_score_completions(self, inputs):
+        RECORD["generation_batches"][STATE["phase"]] += 1
+        return super()._generate_and_score_completions(inputs)
+
+    def evaluate(self, *args, **kwargs):
+        STATE["phase"] = "eval"
+        try:
+            metrics = super().evaluate(*args, **kwargs)
+        finally:
+            STATE["phase"] = "train"
+        RECORD["eval_metrics"].append(metrics)
+        return metrics
+
+    def train(self, *args, **kwargs):
+        result = super().train(*args, **kwargs)
+        out = Path(self.args.output_dir) / f"probe.rank{self.accelerator.process_index}.json"
+        out.write_text(json.dumps(RECORD, default=dict))
+        return result
+
+
+entry.VideoGRPOTrainer = ProbeTrainer
+
+if __name__ == "__main__":
+    entry.main(*entry.parse_args(sys.argv[1:]))

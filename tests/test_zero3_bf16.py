@@ -1,0 +1,78 @@
+"""What the GPU recipes really run: DeepSpeed ZeRO-3, bf16, 2 ranks, a frozen vision tower, a reference model,
+evaluation during training, on clips whose ``second_per_grid_ts`` is just below 1 (bf16 would round it to 1.0).
+
+One real ``accelerate launch`` of the entry point (``tests/launch_probe.py`` wraps it with observers only) on
+the bf16 CPU twin of ``configs/accelerate/zero3.yaml``. Each rank reports what it saw; the test asserts:
+
+- every forward after generation (old policy, reference, loss) gives each prompt the 3-D positions
+  generation gave it, and the same ``second_per_grid_ts`` (float32 on both sides);
+- the frozen tower runs exactly once per generation batch, on each rank;
+- an evaluation with uneven shards (3 queries, 2 ranks, batch size 1) finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from .conftest import REPO
+from .test_launch import ENV, launch_command
+from .test_video_formats import ffmpeg
+
+pytestmark = pytest.mark.launch
+
+# Whole-second clips at 29.97 fps, one frame short of the last whole second: sampled at 2 fps, their frames are
+# 0.4997 s apart, so second_per_grid_ts is 0.9993-0.9995, which bf16 rounds to 1.0.
+CLIPS = {"clip16": 479, "clip20": 599, "clip30": 898}
+
+
+def write_task(folder):
+    videos = folder / "videos"
+    videos.mkdir(parents=True)
+    for name, frames in CLIPS.items():
+        ffmpeg("-f", "lavfi", "-i", "testsrc2=size=64x64:rate=30000/1001", "-frames:v", str(frames),
+               "-c:v", "libx264", "-pix_fmt", "yuv420p", str(videos / f"{name}.mp4"))
+    # 8 queries: one generation batch of 2 ranks x 4 prompts; some videos hold several queries
+    rows = [("clip16", [2, 9]), ("clip20", [4, 12]), ("clip20", [10, 15]), ("clip30", [5, 20]),
+            ("clip16", [8, 14]), ("clip30", [1, 6]), ("clip20", [0, 5]), ("clip30", [20, 29])]
+    train = [{"id": f"q{i}", "video": f"{name}.mp4", "duration": round(CLIPS[name] / 29.97, 3), "solution": span,
+              "sentence": "a red circle moves across the screen"} for i, (name, span) in enumerate(rows)]
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
+    (folder / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train[:3]))  # 3 queries on 2 ranks
+    return folder / "train.jsonl", folder / "eval.jsonl", videos
+
+
+def test_zero3_bf16_frozen_tower_time_encoder_and_uneven_eval(tiny_model_dir, tmp_path):
+    train, evaluation, videos = write_task(tmp_path)
+    out = tmp_path / "run"
+    cmd = launch_command(
+        "cpu/zero3.yaml", tiny_model_dir, out, "--train_file", str(train), "--eval_file", str(evaluation),
+        "--video_root", str(videos), "--video_fps", "2", "--video_max_frames", "64", "--video_min_pixels", "784",
+        "--video_max_pixels", "3136", "--video_max_tokens", "1024", "--freeze_vision_tower", "true",
+        "--beta", "0.04", "--per_device_train_batch_size", "4", "--num_generations", "2",
+        "--steps_per_generation", "2", "--max_completion_length", "16", "--eval_strategy", "steps",
+        "--eval_steps", "1", "--per_device_eval_batch_size", "1", "--eval_grounding_samples", "3",
+        entry=("tests/launch_probe.py",))
+    result = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-6000:]
+    assert "zero_stage=3" in log
+    probes = [json.loads((out / f"probe.rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, probe in enumerate(probes):
+        print(rank, {k: v for k, v in probe.items() if k not in ("generation_seconds", "later_seconds")})
+        assert probe["dtypes"].get("vision_tower:torch.bfloat16"), probe["dtypes"]  # the run is really bf16
+        seconds = probe["generation_seconds"]
+        assert seconds and all(0.998 < s < 1.0 for s in seconds), seconds  # the clips do what they are for
+        assert set(probe["later_seconds"]) <= set(seconds)
+        assert not any("bfloat16" in key for key in probe["dtypes"] if "second_per_grid_ts" in key), probe["dtypes"]
+        assert probe["rows_compared"] >= 8 and probe["rows_differing"] == 0, probe
+        # Training: one generation batch (steps_per_generation 2, max_steps 2), one run of the frozen tower.
+        assert probe["generation_batches"]["train"] == 1
+        assert probe["encoder_runs"]["train"] == probe["generation_batches"]["train"], probe
+        # Evaluation after each step finished on both ranks, with grounding metrics. Its tower runs: one per eval
+        # generation batch, and one per grounding batch (2 per evaluation: the 1-query shard is padded to 2).
+        assert len(probe["eval_metrics"]) == 2 and all("eval_mIoU" in m for m in probe["eval_metrics"])
+        assert probe["encoder_runs"]["eval"] == probe["generation_batches"]["eval"] + 2 * 2, probe
+    assert probes[0]["encoder_runs"] == probes[1]["encoder_runs"]
