@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 
+from video_grpo.rewards import DEFAULT_ANSWER_TEMPLATE
+
 # Qwen2.5-VL: 14-px patches merged 2x2, so one visual token covers 28x28 pixels of *two* frames.
 PIXELS_PER_TOKEN = 28 * 28
 TEMPORAL_PATCH = 2
@@ -115,6 +117,25 @@ class GRPOScriptArguments:
         metadata={"help": "User prompt after the video. '{sentence}' is replaced by the query; '{duration}' "
                   "(optional) by the video length in seconds."},
     )
+    gt_guidance: bool = field(
+        default=False,
+        metadata={"help": "Ground-truth-guided rollouts (TempSamp-R1, arXiv 2509.18056): each group holds G-1 sampled "
+                  "answers and one off-policy answer written from the annotated span. Pair it with "
+                  "advantage_shaping: tempsamp; without shaping the guided answer's reward lifts the group mean "
+                  "and can push every sampled answer's advantage below zero."},
+    )
+    advantage_shaping: str = field(
+        default="none",
+        metadata={"help": "How rewards become advantages: 'none' (TRL's group normalisation) or 'tempsamp' "
+                  "(TempSamp-R1's non-linear reward shaping, Eq. 4, before the same normalisation; see "
+                  "video_grpo.grpo_math.shaped_advantages)."},
+    )
+    answer_template: str = field(
+        default=DEFAULT_ANSWER_TEMPLATE,
+        metadata={"help": "An answer written from the annotated span: the cold-start SFT target (video_grpo.sft) and, "
+                  "with gt_guidance, the guided answer. {start} and {end} are seconds (1 decimal in SFT targets, "
+                  "2 in guided answers, the precision the prompt asks for); {sentence} is the query."},
+    )
 
     def __post_init__(self) -> None:
         def fail(name: str, why: str) -> None:
@@ -170,6 +191,17 @@ class GRPOScriptArguments:
             resolve_reward_funcs(self.reward_funcs, self.reward_kwargs)
         except ValueError as err:
             fail("reward_funcs", str(err))
+        from video_grpo.grpo_math import SHAPING_METHODS
+
+        if self.advantage_shaping not in SHAPING_METHODS:
+            fail("advantage_shaping", f"unknown shaping {self.advantage_shaping!r}; choose one of "
+                 f"{list(SHAPING_METHODS)} ('tempsamp' with gt_guidance: true is TempSamp-R1).")
+        if self.gt_guidance and self.advantage_shaping == "none":
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "gt_guidance is on with advantage_shaping: none. TempSamp-R1 (Table 4) found this the worst variant "
+                "(R1@0.5 63.0 against 68.9 for plain GRPO on Charades-STA); set advantage_shaping: tempsamp.")
 
 
 def script_args_from_yaml(path: str, **overrides) -> GRPOScriptArguments:
@@ -216,7 +248,32 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
     strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
     if strategy != "no" and not script_args.eval_file:
         fail("eval_strategy", f"is {strategy!r} but eval_file is not set; set eval_file or use 'no'.")
+    if getattr(training_args, "use_vllm", False):
+        fail("use_vllm", "vLLM rollouts do not support video here yet: TRL 1.16 sends vLLM the prompt token ids "
+             "without the frames (it forwards images only), so the policy would answer without seeing the video. "
+             "Set use_vllm: false; generation then runs in transformers with the video.")
+    check_report_to(training_args.report_to)
     if training_args.trust_remote_code:
         import logging
 
         logging.getLogger(__name__).warning("trust_remote_code is on: the model repository may run its own code.")
+
+
+# report_to backend -> (modules of which one must import, pip package to install)
+REPORT_BACKENDS = {"tensorboard": (("tensorboard", "tensorboardX"), "tensorboard"), "wandb": (("wandb",), "wandb"),
+                   "mlflow": (("mlflow",), "mlflow"), "comet_ml": (("comet_ml",), "comet-ml"),
+                   "trackio": (("trackio",), "trackio"), "swanlab": (("swanlab",), "swanlab")}
+
+
+def check_report_to(report_to) -> None:
+    """Each ``report_to`` backend must be importable, or the trainer's constructor fails after the model loaded."""
+    import importlib.util
+
+    backends = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    for backend in backends:
+        if backend not in REPORT_BACKENDS:
+            continue  # "none", "all", or a backend transformers itself reports on
+        modules, package = REPORT_BACKENDS[backend]
+        if not any(importlib.util.find_spec(module) for module in modules):
+            raise ValueError(f"report_to: {backend!r} needs the {package!r} package, which is not installed; "
+                             f"`pip install {package}` or set report_to to another backend (or none).")

@@ -138,63 +138,99 @@ def prediction_record(row: dict, output: str | None, error: str | None = None) -
     return record
 
 
-def run_main(args: argparse.Namespace) -> int:
-    from accelerate import PartialState
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+# -- running a model over a split (shared with `python -m video_grpo.curate`) ---------------------------------
 
+
+def sample_key(record: dict) -> tuple[str, int]:
+    """What a written answer answers: its query id and, when k answers per query are drawn, its sample index."""
+    return record["id"], int(record.get("sample", 0))
+
+
+def load_split(config: str, split: str = "eval", annotations: str | None = None, max_samples: int | None = None):
+    """``(dataset, ids)`` for a recipe's eval/train file or another annotation file. Reading the ids decodes nothing."""
     from video_grpo.configs import script_args_from_yaml
     from video_grpo.data import build_dataset, dataset_kwargs
+
+    script_args = script_args_from_yaml(config)
+    path = annotations or (script_args.eval_file if split == "eval" else script_args.train_file)
+    if not path:
+        raise SystemExit(f"{config} has no {split}_file; pass --annotations")
+    dataset = build_dataset(path, max_samples=max_samples, replace_bad_samples=False, **dataset_kwargs(script_args))
+    return dataset, dataset.with_format(None)["id"]  # plain column access: no video decoding
+
+
+def generate_parts(args: argparse.Namespace, dataset, ids: list[str], out_dir: Path, state, prefix: str = "predictions",
+                   num_samples: int = 1, desc: str = "evaluating") -> None:
+    """Answer each (query, sample) that no ``out_dir/<prefix>*.jsonl`` holds yet, appending one line per answer
+    to ``<prefix>.rank<R>.jsonl`` as it is made; the work is split over the processes of ``state``.
+
+    With ``num_samples`` k > 1 every query is answered k times and each line carries ``sample`` (0..k-1), so a
+    killed run redoes only the missing (query, sample) pairs. ``args`` supplies ``model_name_or_path``,
+    ``dtype``, ``batch_size`` (answers per generate call), ``max_new_tokens``, ``do_sample``, ``temperature``."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
     from video_grpo.video import VideoReadError
 
-    state = PartialState()
-    script_args = script_args_from_yaml(args.config)
-    annotations = args.annotations or (script_args.eval_file if args.split == "eval" else script_args.train_file)
-    if not annotations:
-        raise SystemExit(f"{args.config} has no {args.split}_file; pass --annotations")
-    dataset = build_dataset(annotations, max_samples=args.max_samples, replace_bad_samples=False,
-                            **dataset_kwargs(script_args))
-    out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-
     done = set()
-    for part in out_dir.glob("predictions*.jsonl"):
-        done.update(record["id"] for record in read_predictions(part))
-    ids = dataset.with_format(None)["id"]  # plain column access: no video decoding
-    todo = [i for i, query_id in enumerate(ids) if query_id not in done][state.process_index :: state.num_processes]
+    for part in out_dir.glob(f"{prefix}*.jsonl"):
+        done.update(sample_key(record) for record in read_predictions(part))
+    todo = [(i, j) for i, query_id in enumerate(ids) for j in range(num_samples) if (query_id, j) not in done]
+    todo = todo[state.process_index :: state.num_processes]
 
     processor = AutoProcessor.from_pretrained(args.model_name_or_path)
     dtype = getattr(torch, args.dtype) if args.dtype != "auto" else "auto"
     model = AutoModelForImageTextToText.from_pretrained(args.model_name_or_path, dtype=dtype).to(state.device).eval()
-    part_path = out_dir / f"predictions.rank{state.process_index}.jsonl"
-    progress = tqdm(total=len(todo), desc=f"evaluating ({len(done)} done before)", unit="query",
+    unit = "answer" if num_samples > 1 else "query"
+    progress = tqdm(total=len(todo), desc=f"{desc} ({len(done)} done before)", unit=unit,
                     disable=not state.is_main_process)
-    with open(part_path, "a", encoding="utf-8") as part:
+    with open(out_dir / f"{prefix}.rank{state.process_index}.jsonl", "a", encoding="utf-8") as part:
         for start in range(0, len(todo), args.batch_size):
-            indices = todo[start : start + args.batch_size]
+            items = todo[start : start + args.batch_size]
+            unique = list(dict.fromkeys(i for i, _ in items))  # a query's k answers share one decoded video
             try:
-                rows = dataset.__getitems__(indices)
+                fetched = dict(zip(unique, dataset.__getitems__(unique), strict=True))
+                rows = [fetched[i] for i, _ in items]
                 outputs = generate_answers(model, processor, rows, args.max_new_tokens, args.do_sample, args.temperature)
                 records = [prediction_record(row, output) for row, output in zip(rows, outputs, strict=True)]
-            except VideoReadError as err:  # one bad video must not end the evaluation: it scores 0, in the denominator
-                plain = dataset.select(indices).with_format(None)
-                records = [prediction_record(row, None, error=str(err)) for row in plain]
-            for record in records:
+            except VideoReadError as err:  # one bad video must not end the run: it scores 0, in the denominator
+                plain = dict(zip(unique, dataset.select(unique).with_format(None), strict=True))
+                records = [prediction_record(plain[i], None, error=str(err)) for i, _ in items]
+            for (_, sample), record in zip(items, records, strict=True):
+                if num_samples > 1:
+                    record["sample"] = sample
                 part.write(json.dumps(record) + "\n")
             part.flush()
-            progress.update(len(indices))
+            progress.update(len(items))
     progress.close()
+
+
+def merge_parts(out_dir: Path, ids: list[str], prefix: str = "predictions", num_samples: int = 1) -> list[dict]:
+    """Join the part files into ``<prefix>.jsonl`` (in query order, then sample order) and delete the parts."""
+    merged = {}
+    for path in sorted(out_dir.glob(f"{prefix}*.jsonl")):
+        for record in read_predictions(path):
+            merged.setdefault(sample_key(record), record)
+    ordered = [merged[(query_id, j)] for query_id in ids for j in range(num_samples) if (query_id, j) in merged]
+    tmp = out_dir / f"{prefix}.jsonl.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in ordered)
+    tmp.replace(out_dir / f"{prefix}.jsonl")
+    for path in out_dir.glob(f"{prefix}.rank*.jsonl"):
+        path.unlink()
+    return ordered
+
+
+def run_main(args: argparse.Namespace) -> int:
+    from accelerate import PartialState
+
+    state = PartialState()
+    dataset, ids = load_split(args.config, args.split, args.annotations, args.max_samples)
+    out_dir = Path(args.output_dir)
+    generate_parts(args, dataset, ids, out_dir, state)
     state.wait_for_everyone()
     if state.is_main_process:
-        merged = {}
-        for path in sorted(out_dir.glob("predictions*.jsonl")):
-            for record in read_predictions(path):
-                merged.setdefault(record["id"], record)
-        ordered = [merged[query_id] for query_id in ids if query_id in merged]
-        with open(out_dir / "predictions.jsonl.tmp", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in ordered)
-        (out_dir / "predictions.jsonl.tmp").replace(out_dir / "predictions.jsonl")
-        for path in out_dir.glob("predictions.rank*.jsonl"):
-            path.unlink()
+        ordered = merge_parts(out_dir, ids)
         metrics = score_records(ordered)
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
         print(json.dumps({k: v for k, v in metrics.items() if k != "by_duration"}))

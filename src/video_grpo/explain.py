@@ -9,7 +9,16 @@ import math
 
 import torch
 
-from video_grpo.grpo_math import clip_ratio, group_advantages, k3_kl
+from video_grpo.grpo_math import (
+    TEMPSAMP_ALPHA1,
+    TEMPSAMP_ALPHA2,
+    TEMPSAMP_TAU,
+    clip_ratio,
+    group_advantages,
+    k3_kl,
+    shaped_advantages,
+    tempsamp_shape,
+)
 
 
 def _fmt(values) -> str:
@@ -83,8 +92,31 @@ def example_c() -> list[str]:
     return lines
 
 
+def example_d() -> list[str]:
+    rewards = torch.tensor([0.30, 0.50, 0.55, 1.00])
+    guided = torch.tensor([False, False, False, True])
+    tau, a1, a2 = TEMPSAMP_TAU, TEMPSAMP_ALPHA1, TEMPSAMP_ALPHA2
+    plain = shaped_advantages(rewards, 4, guided, method="none")
+    shaped = tempsamp_shape(rewards)
+    tempsamp = shaped_advantages(rewards, 4, guided, method="tempsamp")
+    lines = ["(d) One guided group (TempSamp-R1, arXiv 2509.18056): 3 sampled answers and the annotated span written",
+             "    as the 4th answer. Rewards are IoU: sampled [0.30, 0.50, 0.55], guided 1.00.",
+             f"    Plain GRPO (Eq. 2): mean = {rewards.mean():.4f}; A = {_fmt(plain)}",
+             "    The guided answer lifts the mean above every sampled reward: all three sampled answers are pushed down.",
+             f"    Shaped first (Eq. 4, tau = {tau}, alpha1 = {a1}, alpha2 = {a2:g}):"]
+    for r, value in zip(rewards.tolist(), shaped.tolist(), strict=True):
+        if r >= tau:
+            lines.append(f"      r = {r:.2f} >= tau: {tau} + {a1}*ln({r:.2f} - {tau} + 1) = {value:.4f}")
+        else:
+            lines.append(f"      r = {r:.2f} <  tau: {tau} - (e^({a2:g}*({tau} - {r:.2f})) - 1)/(e^{a2:g} - 1) = "
+                         f"{tau} - {math.expm1(a2 * (tau - r)):.4f}/{math.expm1(a2):.4f} = {value:.4f}")
+    lines += [f"    mean = {shaped.mean():.4f}; A = {_fmt(tempsamp)}",
+              "    The best sampled answer (0.55) now has a positive advantage; the guided answer still leads the group."]
+    return lines
+
+
 def explain() -> str:
-    return "\n\n".join("\n".join(block) for block in (example_a(), example_b(), example_c()))
+    return "\n\n".join("\n".join(block) for block in (example_a(), example_b(), example_c(), example_d()))
 
 
 def main() -> None:

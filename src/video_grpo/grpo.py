@@ -43,9 +43,34 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
 
     # Resume from the last complete checkpoint in output_dir, if any
     last_checkpoint = last_complete_checkpoint(training_args.output_dir)
-    if last_checkpoint is not None and training_args.resume_from_checkpoint is None:
-        logger.info(f"Checkpoint detected, resuming training at {last_checkpoint}.")
+    checkpoint = training_args.resume_from_checkpoint or last_checkpoint
+    if checkpoint is not None and training_args.process_index == 0:
+        # Warning level: at the default log level a resume must still be visible
+        logger.warning(f"Checkpoint detected, resuming training at {checkpoint}.")
 
+    trainer = build_trainer(script_args, training_args, model_args)
+    state = trainer.accelerator.state
+    zero_stage = state.deepspeed_plugin.zero_stage if state.deepspeed_plugin is not None else None
+    logger.info(f"distributed_type={state.distributed_type.value} num_processes={state.num_processes} "
+                f"zero_stage={zero_stage} device={state.device}")
+    train_result = trainer.train(resume_from_checkpoint=checkpoint)
+    metrics = train_result.metrics
+    metrics["train_samples"] = len(trainer.train_dataset)
+    trainer.log_metrics("train", metrics)
+    trainer.save_metrics("train", metrics)
+    trainer.save_state()
+
+    # Save the final model and processor
+    trainer.save_model(training_args.output_dir)
+    if trainer.accelerator.is_main_process:
+        trainer.processing_class.save_pretrained(training_args.output_dir)
+    logger.info(f"Model saved to {training_args.output_dir}")
+
+
+def build_trainer(script_args: GRPOScriptArguments, training_args: GRPOConfig,
+                  model_args: ModelConfig) -> VideoGRPOTrainer:
+    """Rewards, datasets, processor and trainer (which loads the model) from the three parsed dataclasses.
+    Call :func:`validate_recipe` first: it fails in seconds on what this would fail on after loading."""
     # Rewards (resolved before the model loads, so a bad name fails fast)
     reward_funcs = resolve_reward_funcs(script_args.reward_funcs, script_args.reward_kwargs)
 
@@ -64,9 +89,7 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
         revision=model_args.model_revision,
         trust_remote_code=training_args.trust_remote_code,
     )
-
-    # Train
-    trainer = VideoGRPOTrainer(
+    return VideoGRPOTrainer(
         model=model_args.model_name_or_path,
         reward_funcs=reward_funcs,
         args=training_args,
@@ -77,24 +100,10 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
         grounding_eval_samples=script_args.eval_grounding_samples,
         max_bad_sample_fraction=script_args.max_bad_sample_fraction,
         freeze_vision_tower=script_args.freeze_vision_tower,
+        gt_guidance=script_args.gt_guidance,
+        advantage_shaping=script_args.advantage_shaping,
+        answer_template=script_args.answer_template,
     )
-    state = trainer.accelerator.state
-    zero_stage = state.deepspeed_plugin.zero_stage if state.deepspeed_plugin is not None else None
-    logger.info(f"distributed_type={state.distributed_type.value} num_processes={state.num_processes} "
-                f"zero_stage={zero_stage} device={state.device}")
-    checkpoint = training_args.resume_from_checkpoint or last_checkpoint
-    train_result = trainer.train(resume_from_checkpoint=checkpoint)
-    metrics = train_result.metrics
-    metrics["train_samples"] = len(train_dataset)
-    trainer.log_metrics("train", metrics)
-    trainer.save_metrics("train", metrics)
-    trainer.save_state()
-
-    # Save the final model and processor
-    trainer.save_model(training_args.output_dir)
-    if trainer.accelerator.is_main_process:
-        processor.save_pretrained(training_args.output_dir)
-    logger.info(f"Model saved to {training_args.output_dir}")
 
 
 def parse_args(args: list[str] | None = None) -> tuple[GRPOScriptArguments, GRPOConfig, ModelConfig]:

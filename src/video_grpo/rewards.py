@@ -42,6 +42,21 @@ _FORMAT_RE = re.compile(
 )
 
 
+# The answer written from an annotated span: the SFT target (video_grpo.sft) and the ground-truth-guided answer of
+# TempSamp-style groups. It passes the strict `format` reward and parse_span reads its span back.
+DEFAULT_ANSWER_TEMPLATE = (
+    "<think>The event is visible from {start} to {end} seconds.</think><answer>{start} to {end}</answer>"
+)
+
+
+def render_answer(template: str, start: float, end: float, sentence: str = "", decimals: int = 1) -> str:
+    """``template`` with ``{start}``/``{end}`` (seconds, ``decimals`` places) and ``{sentence}`` filled in.
+
+    SFT writes 1 decimal (its historical target). A guided answer should use 2, the precision the prompt
+    asks for, so that its IoU with the annotation is 1 up to rounding of the annotation itself."""
+    return template.format(start=f"{float(start):.{decimals}f}", end=f"{float(end):.{decimals}f}", sentence=sentence)
+
+
 def completion_text(completion) -> str:
     """The text of a string or conversational completion."""
     if isinstance(completion, str):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoProcessor, set_seed
@@ -22,16 +22,14 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 from video_grpo.configs import GRPOScriptArguments
 from video_grpo.data import build_datasets
 from video_grpo.processing import encode_rows, video_token_types
+from video_grpo.rewards import render_answer
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class SFTScriptArguments(GRPOScriptArguments):
-    answer_template: str = field(
-        default="<think>The event is visible from {start} to {end} seconds.</think><answer>{start} to {end}</answer>",
-        metadata={"help": "Target completion; {start}, {end} (seconds, 1 decimal) and {sentence} are filled in."},
-    )
+    """GRPO's data, video and prompt fields; ``answer_template`` is the SFT target."""
 
 
 class VideoSFTCollator:
@@ -47,7 +45,7 @@ class VideoSFTCollator:
 
     def answer(self, row: dict) -> str:
         start, end = row["solution"]
-        return self.answer_template.format(start=f"{start:.1f}", end=f"{end:.1f}", sentence=row["sentence"])
+        return render_answer(self.answer_template, start, end, row["sentence"], decimals=1)
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         encoded = encode_rows(self.processor, rows)

@@ -16,13 +16,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from trl import GRPOTrainer
 
 from video_grpo.encoder import install
-from video_grpo.processing import encode_rows, video_kwargs, video_token_types, vision_placeholder_ids
+from video_grpo.guidance import group_advantages, guided_completion_ids, guided_mask
+from video_grpo.processing import (
+    VIDEO_FLOAT_INPUTS,
+    encode_rows,
+    video_kwargs,
+    video_token_types,
+    vision_placeholder_ids,
+)
+from video_grpo.rewards import DEFAULT_ANSWER_TEMPLATE
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +69,8 @@ class VideoGRPOTrainer(GRPOTrainer):
     (see :mod:`video_grpo.data`)."""
 
     def __init__(self, *args, grounding_eval_samples: int | None = 64, max_bad_sample_fraction: float = 0.05,
-                 freeze_vision_tower: bool = False, encode_video_once: bool = True, **kwargs) -> None:
+                 freeze_vision_tower: bool = False, encode_video_once: bool = True, gt_guidance: bool = False,
+                 advantage_shaping: str = "none", answer_template: str = DEFAULT_ANSWER_TEMPLATE, **kwargs) -> None:
         """
         grounding_eval_samples: how many eval queries ``evaluate()`` answers greedily for R1@m / mIoU
             (None: all of them, 0: skip).
@@ -69,8 +79,18 @@ class VideoGRPOTrainer(GRPOTrainer):
         freeze_vision_tower: train the language model only.
         encode_video_once: run the vision encoder once per unique video per forward (and, with a frozen
             tower, once per generation batch) instead of once per row; see ``video_grpo.encoder``.
+        gt_guidance, advantage_shaping, answer_template: ground-truth-guided groups (TempSamp-R1); see
+            ``video_grpo.guidance``.
         """
         super().__init__(*args, **kwargs)
+        self.gt_guidance = gt_guidance
+        self.advantage_shaping = advantage_shaping
+        self.answer_template = answer_template
+        if (gt_guidance or advantage_shaping != "none") and self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError("gt_guidance and advantage_shaping need multi_objective_aggregation='sum_then_normalize' "
+                             f"(got {self.multi_objective_aggregation!r}).")
+        self._guided: dict[int, list[int]] = {}  # row -> guided answer tokens, for the batch being generated
+        self._rewards_per_func: torch.Tensor | None = None
         self.grounding_eval_samples = grounding_eval_samples
         self.max_bad_sample_fraction = max_bad_sample_fraction
         self._bad_samples_seen = 0
@@ -98,34 +118,49 @@ class VideoGRPOTrainer(GRPOTrainer):
     # -- evaluation ------------------------------------------------------------------------------------------
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """TRL's evaluation (sampled rewards), plus greedy grounding metrics on a held-out subset."""
-        metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if dataset is not None and not isinstance(dataset, dict) and self.grounding_eval_samples != 0:
-            grounding = {f"{metric_key_prefix}_{k}": v for k, v in self.grounding_metrics(dataset).items()}
-            self.log(grounding)
-            metrics.update(grounding)
+        """TRL's evaluation (sampled rewards), plus greedy grounding metrics on a held-out subset.
+
+        A frozen tower's feature cache is set aside meanwhile: the training batch's features stay, the eval
+        videos' do not."""
+        aside = self.video_encoder.set_aside() if self.video_encoder is not None else contextlib.nullcontext()
+        with aside:
+            metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+            dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+            if dataset is not None and not isinstance(dataset, dict) and self.grounding_eval_samples != 0:
+                grounding = {f"{metric_key_prefix}_{k}": v for k, v in self.grounding_metrics(dataset).items()}
+                self.log(grounding)
+                metrics.update(grounding)
         return metrics
 
     def grounding_metrics(self, dataset) -> dict[str, float]:
-        """R1@{0.3,0.5,0.7} and mIoU (in %) from greedy answers, queries sharded over processes."""
+        """R1@{0.3,0.5,0.7} and mIoU (in %) from greedy answers, queries sharded over processes.
+
+        Every rank runs the same number of ``generate`` batches: under ZeRO-3, transformers generates in
+        lock-step across ranks (``synced_gpus``), so a rank with one batch more than another would wait forever.
+        Short shards are padded with a repeat of one of their queries, whose answer is then dropped."""
         from accelerate.utils import gather_object
         from trl.models import unwrap_model_for_generation
 
         from video_grpo.evaluate import generate_answers, prediction_record, score_records
 
         count = len(dataset) if self.grounding_eval_samples is None else min(self.grounding_eval_samples, len(dataset))
-        indices = list(range(count))[self.accelerator.process_index :: self.accelerator.num_processes]
+        ranks, rank = self.accelerator.num_processes, self.accelerator.process_index
+        indices = list(range(count))[rank::ranks]
         batch_size = self.args.per_device_eval_batch_size
+        batches = math.ceil(math.ceil(count / ranks) / batch_size)  # the longest shard's batch count, on every rank
+        padded = indices + [indices[-1] if indices else 0] * (batches * batch_size - len(indices))
         records = []
+        encoder = self.video_encoder.bypassing() if self.video_encoder is not None else contextlib.nullcontext()
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                         gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model:
+                                         gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model, encoder:
             was_training = model.training
             model.eval()
-            for start in range(0, len(indices), batch_size):
-                rows = dataset.__getitems__(indices[start : start + batch_size])
+            for start in range(0, len(padded), batch_size):
+                batch = padded[start : start + batch_size]
+                rows = dataset.__getitems__(batch)
                 outputs = generate_answers(model, self.processing_class, rows, self.max_completion_length)
-                records += [prediction_record(row, out) for row, out in zip(rows, outputs, strict=True)]
+                real = max(0, min(batch_size, len(indices) - start))  # the rest of the batch is padding
+                records += [prediction_record(row, out) for row, out in zip(rows[:real], outputs[:real], strict=True)]
             model.train(was_training)
         metrics = score_records(gather_object(records))
         return {k: v for k, v in metrics.items() if k.startswith("R1@") or k in ("mIoU", "num_parse_failures")}
@@ -156,20 +191,67 @@ class VideoGRPOTrainer(GRPOTrainer):
                 "or raise max_bad_sample_fraction."
             )
 
+    # Why: under DeepSpeed, Trainer casts every float tensor to bf16 on the way to generation only; the video
+    # inputs keep their dtype, so generation and the later forwards see the same values (processing's policy).
+    def _prepare_input(self, data):
+        if isinstance(data, Mapping) and not VIDEO_FLOAT_INPUTS.isdisjoint(data):
+            return type(data)({key: value.to(self.args.device) if key in VIDEO_FLOAT_INPUTS
+                               and isinstance(value, torch.Tensor) else self._prepare_input(value)
+                               for key, value in data.items()})
+        return super()._prepare_input(data)
+
     # Why: TRL drops video; process it once here and keep it on every row of the generation batch.
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
         if self.video_encoder is not None:
             self.video_encoder.reset()  # a frozen tower's cached features live for one generation batch
         self._account_bad_samples(inputs)
         self._video_rows = encode_rows(self.processing_class, inputs, self.chat_template_kwargs)
+        reshape = self.model.training and (self.gt_guidance or self.advantage_shaping != "none")
+        if self.gt_guidance and self.model.training:
+            mask = guided_mask(self.accelerator.process_index, len(inputs), self.num_generations)
+            self._guided = {i: guided_completion_ids(self._tokenizer, inputs[i], self.answer_template,
+                                                     self.eos_token_ids[0]) for i, guided in enumerate(mask) if guided}
         try:
             output = super()._generate_and_score_completions(inputs)
+            if reshape:
+                self._reshape_advantages(output, len(inputs))
         finally:
             rows, self._video_rows = self._video_rows, None
+            self._guided = {}
         output["video_pixels"] = rows["video_pixels"]
         output["video_grid_thw"] = rows["video_grid_thw"]
         output["second_per_grid_ts"] = rows["second_per_grid_ts"]
         return output
+
+    # Why: with gt_guidance, the last answer of each group is the annotated span, not a sample.
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields,
+                                                                 num_generations, has_tool_images)
+        for row, ids in self._guided.items():
+            completion_ids[row] = ids
+        return completion_ids, logprobs
+
+    # Why: keep the gathered per-function rewards, which advantage shaping starts from.
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        self._rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        return self._rewards_per_func
+
+    def _reshape_advantages(self, output: dict, local_rows: int) -> None:
+        """Replace TRL's advantages by ``video_grpo.guidance.group_advantages`` (guided groups, shaping)."""
+        rewards = self._rewards_per_func
+        size = rewards.shape[0]
+        guided = torch.tensor(guided_mask(0, size, self.num_generations) if self.gt_guidance else [False] * size)
+        advantages = group_advantages(rewards, self.reward_weights, self.num_generations, guided,
+                                      self.advantage_shaping, self.scale_rewards)
+        start = self.accelerator.process_index * local_rows
+        output["advantages"] = advantages[start : start + local_rows].to(output["advantages"].device)
+        for _ in range(size):  # the logged table shows the advantages the loss uses
+            self._logs["advantages"].pop()
+        self._logs["advantages"].extend(advantages.tolist())
+        if self.gt_guidance:
+            sampled = advantages.view(-1, self.num_generations)[:, :-1]
+            self._metrics["train"]["guidance/groups_all_sampled_negative"].append(
+                (sampled < 0).all(dim=1).float().mean().item())
 
     # Why: TRL shuffles rows; shuffling whole prompt groups keeps a video's G rows in one micro-batch, so the
     # loss forward encodes it once. Micro-batches stay equal-sized, so the summed gradient is unchanged.
@@ -219,22 +301,34 @@ class VideoGRPOTrainer(GRPOTrainer):
             )
         batch_size = batch_size or input_ids.size(0)
         all_logps, all_entropies, all_aux = [], [], []
-        for start in range(0, input_ids.size(0), batch_size):
-            end = min(start + batch_size, input_ids.size(0))
-            ids, mask = input_ids[start:end], attention_mask[start:end]
-            model_inputs = {"input_ids": ids, "attention_mask": mask, **video_kwargs(self._video_rows, slice(start, end), ids, self.video_token_id)}
-            if compute_aux_loss:
-                model_inputs["output_router_logits"] = True
-            labels = ids.masked_fill(mask == 0, -100)
-            labels[:, :-logits_to_keep] = -100  # only completion tokens are scored
-            with self.accelerator.autocast():
-                outputs = model(**model_inputs, labels=labels, fused_lm_head=True)
-            all_logps.append(outputs.log_probs[:, -logits_to_keep:])
-            if compute_entropy:
-                all_entropies.append(outputs.entropy[:, -logits_to_keep:])
-            if compute_aux_loss:
-                all_aux.append(outputs.aux_loss)
+        with self._cached_video_features():
+            for start in range(0, input_ids.size(0), batch_size):
+                end = min(start + batch_size, input_ids.size(0))
+                ids, mask = input_ids[start:end], attention_mask[start:end]
+                model_inputs = {"input_ids": ids, "attention_mask": mask,
+                                **video_kwargs(self._video_rows, slice(start, end), ids, self.video_token_id)}
+                if compute_aux_loss:
+                    model_inputs["output_router_logits"] = True
+                labels = ids.masked_fill(mask == 0, -100)
+                labels[:, :-logits_to_keep] = -100  # only completion tokens are scored
+                with self.accelerator.autocast():
+                    outputs = model(**model_inputs, labels=labels, fused_lm_head=True)
+                all_logps.append(outputs.log_probs[:, -logits_to_keep:])
+                if compute_entropy:
+                    all_entropies.append(outputs.entropy[:, -logits_to_keep:])
+                if compute_aux_loss:
+                    all_aux.append(outputs.aux_loss)
         logps = torch.cat(all_logps, dim=0)
         entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
         aux_loss = torch.stack(all_aux).mean() if compute_aux_loss else None
         return logps, entropies, aux_loss
+
+    @contextlib.contextmanager
+    def _cached_video_features(self):
+        """Every forward after generation (old policy, reference, loss) takes a frozen tower's features from the
+        cache generation filled; it never runs the tower itself, on any rank (see ``video_grpo.encoder``)."""
+        with contextlib.ExitStack() as stack:
+            for encoder in (self.video_encoder, self.ref_video_encoder):
+                if encoder is not None:
+                    stack.enter_context(encoder.serving())
+            yield

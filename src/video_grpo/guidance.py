@@ -1,0 +1,46 @@
+"""Ground-truth-guided groups (TempSamp-R1, Li et al., NeurIPS 2025, arXiv 2509.18056).
+
+With ``gt_guidance``, each group of G answers to one query holds G-1 answers sampled from the policy and one
+off-policy answer: the annotated span written with ``answer_template``. It is the last answer of its group,
+counted over the whole gathered batch (a group may span two ranks), and it goes through the same reward,
+log-probability and loss computations as the sampled ones; only its tokens come from the annotation.
+
+``advantage_shaping: tempsamp`` reshapes the accuracy reward (the first entry of ``reward_funcs``, an IoU in
+every shipped recipe) with the paper's Eq. 4 (:func:`video_grpo.grpo_math.tempsamp_shape`) before TRL's group
+normalisation; the other rewards (format ...) are added unshaped with their weights. Without it the guided
+answer's IoU of 1 lifts the group mean above every sampled answer, good ones included.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from video_grpo.grpo_math import shaped_advantages, tempsamp_shape
+from video_grpo.rewards import render_answer
+
+
+def guided_mask(process_index: int, local_rows: int, group_size: int) -> list[bool]:
+    """Which of this rank's rows carry the guided answer: the last of each group in the gathered batch, whose
+    rows are the ranks' rows in rank order (TRL's layout)."""
+    start = process_index * local_rows
+    return [(start + i) % group_size == group_size - 1 for i in range(local_rows)]
+
+
+def guided_completion_ids(tokenizer, row: dict, template: str, eos_token_id: int) -> list[int]:
+    """The guided answer's tokens: the row's annotated span (2 decimals, as the prompt asks) in ``template``,
+    then end-of-turn, as a sampled answer would end."""
+    start, end = row["solution"]
+    text = render_answer(template, start, end, row.get("sentence", ""), decimals=2)
+    return tokenizer(text, add_special_tokens=False)["input_ids"] + [eos_token_id]
+
+
+def group_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, group_size: int, guided: torch.Tensor,
+                     shaping: str, scale: str) -> torch.Tensor:
+    """(B,) advantages for the gathered batch: TRL's ``sum_then_normalize`` with the accuracy reward (column 0)
+    reshaped by Eq. 4 when ``shaping`` is ``"tempsamp"``. An answer no reward function could score gets 0."""
+    rewards = rewards_per_func.clone()
+    if shaping == "tempsamp":
+        rewards[:, 0] = tempsamp_shape(rewards[:, 0])
+    total = (rewards * weights.to(rewards.device).unsqueeze(0)).nansum(dim=1)
+    total[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    return shaped_advantages(total, group_size, guided_mask=guided, method="none", scale=scale)

@@ -1,0 +1,130 @@
+"""Ground-truth-guided groups (TempSamp-R1) in VideoGRPOTrainer: one guided answer per group, written from the
+annotation; shaped advantages; the loss is still the GRPO loss of grpo_math; options that reuse a generation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from video_grpo.data import build_dataset
+from video_grpo.grpo_math import grpo_loss
+from video_grpo.guidance import guided_completion_ids, guided_mask
+from video_grpo.rewards import DEFAULT_ANSWER_TEMPLATE, iou_reward
+
+from .test_trainer import SAMPLING, make_trainer
+
+G = 4
+
+
+def scripted_iou(completions, solution, duration, **kwargs) -> list[float]:
+    """Accuracy reward: the sampled answers of each group score 0.8, 0.8 and 0.79; the last answer of a group
+    (the guided one) scores its real IoU with the annotation, which is 1."""
+    real = iou_reward(completions=completions, solution=solution, duration=duration)
+    return [real[i] if i % G == G - 1 else (0.8, 0.8, 0.79)[i % G] for i in range(len(completions))]
+
+
+@pytest.fixture(scope="module")
+def dataset(train_file):
+    return build_dataset(train_file, sampling=SAMPLING)
+
+
+def guided_trainer(tiny_model_dir, dataset, tmp_path, shaping="tempsamp", guidance=True, **overrides):
+    return make_trainer(tiny_model_dir, dataset, tmp_path, reward_funcs=[scripted_iou], num_generations=G,
+                        per_device_train_batch_size=8, max_completion_length=8,
+                        trainer_kwargs={"gt_guidance": guidance, "advantage_shaping": shaping}, **overrides)
+
+
+def capture_generations(trainer) -> list[tuple[list[dict], dict]]:
+    seen = []
+    original = trainer._generate_and_score_completions
+
+    def spy(inputs):
+        output = original(inputs)
+        seen.append((inputs, output))
+        return output
+
+    trainer._generate_and_score_completions = spy
+    return seen
+
+
+def completion_rows(output) -> list[list[int]]:
+    return [ids[mask.bool()].tolist() for ids, mask in zip(output["completion_ids"], output["completion_mask"],
+                                                           strict=True)]
+
+
+def test_guided_rows_are_the_last_of_each_group_across_ranks():
+    assert guided_mask(0, 4, 8) == [False] * 4  # a group of 8 split over two ranks of 4 rows
+    assert guided_mask(1, 4, 8) == [False, False, False, True]
+    assert guided_mask(0, 8, 4) == [False, False, False, True] * 2
+
+
+def test_one_guided_answer_per_group_written_from_the_annotation(tiny_model_dir, dataset, tmp_path):
+    trainer = guided_trainer(tiny_model_dir, dataset, tmp_path)
+    seen = capture_generations(trainer)
+    trainer.train()
+    inputs, output = seen[0]
+    rows = completion_rows(output)
+    tokenizer = trainer.processing_class.tokenizer
+    for group in range(len(rows) // G):
+        members = range(group * G, (group + 1) * G)
+        written = [guided_completion_ids(tokenizer, inputs[i], DEFAULT_ANSWER_TEMPLATE, trainer.eos_token_ids[0])
+                   for i in members]
+        matches = [rows[i] == written[k] for k, i in enumerate(members)]
+        assert matches == [False] * (G - 1) + [True], (group, matches)
+    guided_text = tokenizer.decode(rows[G - 1], skip_special_tokens=True)
+    start, end = inputs[G - 1]["solution"]
+    assert f"<answer>{start:.2f} to {end:.2f}</answer>" in guided_text
+    assert all(math.isfinite(float(e["loss"])) for e in trainer.state.log_history if "loss" in e)
+
+
+@pytest.mark.parametrize(("shaping", "all_negative"), [("none", True), ("tempsamp", False)])
+def test_shaping_keeps_good_sampled_answers_positive(tiny_model_dir, dataset, tmp_path, shaping, all_negative):
+    """Sampled IoUs 0.8, 0.8, 0.79 against the guided answer's 1: plain group normalisation pushes all three
+    below zero; TempSamp's Eq. 4 keeps the two 0.8 answers above the group mean."""
+    trainer = guided_trainer(tiny_model_dir, dataset, tmp_path, shaping=shaping)
+    seen = capture_generations(trainer)
+    trainer.train()
+    advantages = seen[0][1]["advantages"].view(-1, G)
+    assert (advantages[:, -1] > 0).all()  # the guided answer wins
+    assert bool((advantages[:, :-1] < 0).all()) is all_negative, advantages
+    logged = [e["guidance/groups_all_sampled_negative"] for e in trainer.state.log_history
+              if "guidance/groups_all_sampled_negative" in e]
+    assert logged == [1.0 if all_negative else 0.0]
+
+
+def test_guided_batch_loss_equals_grpo_math(tiny_model_dir, dataset, tmp_path):
+    trainer = guided_trainer(tiny_model_dir, dataset, tmp_path, beta=0.04)
+    seen = capture_generations(trainer)
+    trainer.train()
+    _, output = seen[0]
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+    mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+    trainer._video_rows = {k: output[k] for k in ("video_pixels", "video_grid_thw", "second_per_grid_ts")}
+    with torch.no_grad():
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask,
+                                                                 output["completion_ids"].size(1))
+    trainer._video_rows = None
+    old = output["old_per_token_logps"] if output.get("old_per_token_logps") is not None else logps
+    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, torch.zeros_like(logps), None)
+    trainer_loss = trainer._compute_loss(trainer.model, output)
+    module_loss = grpo_loss(logps, old, output["advantages"], output["completion_mask"].float(), epsilon_low=0.2,
+                            beta=0.04, ref_per_token_logps=output["ref_per_token_logps"])
+    assert trainer_loss.item() == pytest.approx(module_loss.item(), rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("options", [{"num_iterations": 2, "max_steps": 2}, {"steps_per_generation": 2, "max_steps": 2}],
+                         ids=["num_iterations", "steps_per_generation"])
+def test_guidance_with_reused_generations(tiny_model_dir, dataset, tmp_path, options):
+    trainer = guided_trainer(tiny_model_dir, dataset, tmp_path, **options)
+    seen = capture_generations(trainer)
+    trainer.train()
+    assert seen and all(sum(r == guided_completion_ids(trainer.processing_class.tokenizer, inputs[i],
+                                                       DEFAULT_ANSWER_TEMPLATE, trainer.eos_token_ids[0])
+                            for i, r in enumerate(completion_rows(output))) == len(inputs) // G
+                        for inputs, output in seen)
+    losses = [float(e["loss"]) for e in trainer.state.log_history if "loss" in e]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
