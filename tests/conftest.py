@@ -25,3 +25,18 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def train_file() -> Path:
     return SAMPLES / "train.jsonl"
+
+
+@pytest.fixture(scope="session")
+def family_model(tmp_path_factory):
+    """``family_model("qwen3_vl")``: a tiny model of that family, built once per session."""
+    from video_grpo.tiny import build_tiny_model
+
+    built = {}
+
+    def get(family: str) -> Path:
+        if family not in built:
+            built[family] = build_tiny_model(tmp_path_factory.mktemp(family) / f"tiny-{family}", family=family)
+        return built[family]
+
+    return get

@@ -71,7 +71,8 @@ def test_killed_preprocess_leaves_only_complete_entries(tmp_path):
                                       "video_fps": 4.0, "video_max_frames": 256, "video_max_pixels": 112 * 112,
                                       "video_min_pixels": 784, "video_max_tokens": 100_000}))
     cache = tmp_path / "cache"
-    cmd = [sys.executable, "-m", "video_grpo.preprocess", "--config", str(recipe), "--frame_cache_dir", str(cache)]
+    cmd = [sys.executable, "-m", "video_grpo.preprocess", "--config", str(recipe), "--frame_cache_dir", str(cache),
+           "--model_family", "qwen2_5_vl"]  # the recipe names no model, so no config.json to read it from
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and len(list(cache.rglob("*.safetensors"))) < 3:

@@ -38,7 +38,6 @@ def test_shipped_recipes_parse(recipe):
         ({"reward_funcs": ["iou", "iuo"]}, r"unknown reward 'iuo'.*Known rewards: format, format_soft, iou"),
         ({"reward_funcs": ["nope.module:f"]}, "cannot load reward plug-in"),
         ({"video_min_frames": 10, "video_max_frames": 4}, "video_min_frames.*above video_max_frames"),
-        ({"video_max_tokens": 10, "video_min_frames": 8, "video_min_pixels": 784 * 16}, "video_max_tokens.*at least 64"),
         ({"prompt_template": "no placeholder"}, "prompt_template"),
         ({"video_fps": 0}, "video_fps"),
         ({"reward_funcs": ["length_penalty"], "reward_kwargs": {"length_penalty": {"max_words": 3}}},
@@ -62,3 +61,23 @@ def test_reward_kwargs_from_yaml_and_cli(tmp_path):
     assert script.reward_kwargs == {"length_penalty": {"max_think_words": 64}}
     script, _, _ = parse_args(["--config", str(path), "--reward_kwargs", '{"length_penalty": {"max_think_words": 8}}'])
     assert script.reward_kwargs == {"length_penalty": {"max_think_words": 8}}
+
+
+@pytest.mark.parametrize(("family", "overrides", "message"), [
+    ("qwen2_5_vl", {"video_max_tokens": 10, "video_min_frames": 8, "video_min_pixels": 784 * 16},
+     "video_max_tokens.*at least 64"),
+    ("qwen3_vl", {"video_max_tokens": 10, "video_min_frames": 8, "video_min_pixels": 784 * 16},
+     "video_max_tokens.*at least 48"),  # 12544 px is 12 tokens of 32x32, not 16 of 28x28
+    ("qwen2_5_vl", {"video_min_pixels": 700}, r"video_min_pixels: must be >= 784 \(one 28x28 token"),
+    ("qwen3_vl", {"video_min_pixels": 1000}, r"video_min_pixels: must be >= 1024 \(one 32x32 token"),
+])
+def test_video_budget_uses_the_family_token_size(tmp_path, family, overrides, message):
+    from video_grpo.configs import check_video_budget
+    from video_grpo.families import FAMILIES
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"train_file": "a.jsonl", "output_dir": str(tmp_path), "use_cpu": True,
+                                    "bf16": False, **overrides}))
+    script_args, _, _ = parse_args(["--config", str(path)])
+    with pytest.raises(ValueError, match=message):
+        check_video_budget(script_args, FAMILIES[family])

@@ -104,7 +104,7 @@ def test_stats_band_and_counts_are_exact(tmp_path, capsys):
     assert image.width >= 600 and len(set(image.convert("L").getdata())) > 10
 
 
-def test_the_curated_file_trains(tmp_path):
+def test_the_curated_file_trains(tmp_path, tiny_model_dir):
     # single-span queries only: the loader cannot mix [s, e] and [[s, e], ...] solutions in one file (nor can a source)
     predictions = write(tmp_path / "p.jsonl", [r for r in HAND if r["id"] != "multi"])
     out = tmp_path / "out"
@@ -116,6 +116,7 @@ def test_the_curated_file_trains(tmp_path):
     assert dataset[0]["video_frames"] is not None  # the relative path resolves and decodes
     recipe = yaml.safe_load((REPO / "configs/grpo/demo_tiny.yaml").read_text())
     recipe.update(
+        model_name_or_path=str(tiny_model_dir),  # the recipe's own is built by `make demo`, not by the tests
         train_file=str(out / "curated.jsonl"),
         video_root=str(SAMPLES),
         eval_file=None,

@@ -8,6 +8,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from video_grpo.data import build_dataset
 from video_grpo.encoder import install
+from video_grpo.families import QWEN2_5_VL
 from video_grpo.processing import encode_rows, generation_inputs
 
 from .test_trainer import SAMPLING, make_trainer
@@ -20,7 +21,7 @@ def batch(tiny_model_dir, train_file):
     processor = AutoProcessor.from_pretrained(tiny_model_dir)
     dataset = build_dataset(train_file, sampling=SAMPLING)
     rows = dataset.__getitems__([0] * G + [5] * G)  # two videos of different lengths, G rows each
-    encoded = encode_rows(processor, rows)
+    encoded = encode_rows(processor, rows, QWEN2_5_VL)
     inputs = generation_inputs(encoded, processor.tokenizer.pad_token_id, 0)
     # append a random "completion" so the loss covers generated tokens too
     completion = torch.randint(20, 200, (len(rows), 6), generator=torch.Generator().manual_seed(0))

@@ -142,7 +142,6 @@ def write_recipe(tmp_path, **fields) -> str:
         ({"dataset_format": "csv"}, r"dataset_format: unknown format 'csv'"),
         ({"video_min_pixels": 100000, "video_max_pixels": 50000}, r"video_min_pixels: .* is above video_max_pixels"),
         ({"per_device_train_batch_size": 3, "num_generations": 2}, r"divisible by num_generations"),
-        ({"video_max_frames": 512, "video_max_tokens": 256, "video_min_pixels": 784 * 4}, r"video_max_frames: 512 frames can never fit"),
         ({"train_file": str(REPO / "README.md")}, r"cannot tell the annotation format"),
         ({"eval_strategy": "steps"}, r"eval_strategy: is 'steps' but eval_file is not set"),
         ({"max_bad_sample_fraction": 2}, r"max_bad_sample_fraction: must be in \[0, 1\]"),
@@ -161,6 +160,40 @@ def test_config_errors_fail_before_any_model_loads(tmp_path, monkeypatch, fields
     monkeypatch.setattr(entry, "VideoGRPOTrainer", no_model_loading)
     with pytest.raises(ValueError, match=message):
         entry.main(*entry.parse_args(["--config", write_recipe(tmp_path, **fields)]))
+
+
+@pytest.mark.parametrize(("family", "message"), [
+    ("qwen2_5_vl", r"video_max_frames: 512 frames can never fit .* at most 128 frames fit \(qwen2_5_vl\)"),
+    ("qwen3_vl", r"video_max_frames: 512 frames can never fit .* at most 170 frames fit \(qwen3_vl\)"),
+])
+def test_video_budget_is_checked_with_the_model_family_before_the_model_loads(tmp_path, monkeypatch, family, message):
+    """A frame's token cost depends on the family (28x28 or 32x32 px), read from the model's config.json only."""
+    import video_grpo.grpo as entry
+    from video_grpo.tiny import build_tiny_model
+
+    def no_model_loading(*args, **kwargs):
+        raise AssertionError("a model or processor was loaded before the config error was raised")
+
+    model = build_tiny_model(tmp_path / family, family=family)
+    monkeypatch.setattr(entry.AutoProcessor, "from_pretrained", no_model_loading)
+    monkeypatch.setattr(entry, "VideoGRPOTrainer", no_model_loading)
+    recipe = write_recipe(tmp_path, model_name_or_path=str(model), video_max_frames=512, video_max_tokens=256,
+                          video_min_pixels=3136)
+    with pytest.raises(ValueError, match=message):
+        entry.main(*entry.parse_args(["--config", recipe]))
+
+
+def test_unsupported_model_type_fails_with_the_supported_list(tmp_path):
+    from transformers import LlavaConfig
+
+    from video_grpo.configs import validate_recipe
+    from video_grpo.grpo import parse_args
+
+    LlavaConfig().save_pretrained(tmp_path / "llava")
+    args = parse_args(["--config", write_recipe(tmp_path, model_name_or_path=str(tmp_path / "llava"))])
+    with pytest.raises(ValueError, match=r"unsupported model type 'llava': video_grpo supports qwen2_5_vl, qwen3_5, "
+                                         r"qwen3_vl"):
+        validate_recipe(*args)
 
 
 def test_config_error_from_the_command_line(tmp_path):

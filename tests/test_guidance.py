@@ -92,6 +92,9 @@ def test_shaping_keeps_good_sampled_answers_positive(tiny_model_dir, dataset, tm
     logged = [e["guidance/groups_all_sampled_negative"] for e in trainer.state.log_history
               if "guidance/groups_all_sampled_negative" in e]
     assert logged == [1.0 if all_negative else 0.0]
+    sampled = [e["guidance/sampled_accuracy_reward"] for e in trainer.state.log_history
+               if "guidance/sampled_accuracy_reward" in e]
+    assert sampled == [pytest.approx((0.8 + 0.8 + 0.79) / 3)]  # the policy's own answers only
 
 
 def test_guided_batch_loss_equals_grpo_math(tiny_model_dir, dataset, tmp_path):

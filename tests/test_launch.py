@@ -62,10 +62,15 @@ GUIDED = ("--gt_guidance", "true", "--advantage_shaping", "tempsamp", "--per_dev
           "--num_generations", "8")
 
 
-@pytest.mark.parametrize(("config", "stage", "extra"), [("cpu/zero2.yaml", 2, ()), ("cpu/zero3.yaml", 3, GUIDED)])
-def test_accelerate_launch_trains_and_saves(tiny_model_dir, tmp_path, config, stage, extra):
+@pytest.mark.parametrize(("config", "stage", "extra", "family"), [
+    ("cpu/zero2.yaml", 2, (), "qwen2_5_vl"), ("cpu/zero3.yaml", 3, GUIDED, "qwen2_5_vl"),
+    ("cpu/zero3.yaml", 3, (), "qwen3_vl"),
+], ids=["zero2", "zero3-guided", "zero3-qwen3_vl"])
+def test_accelerate_launch_trains_and_saves(family_model, tmp_path, config, stage, extra, family):
     out = tmp_path / "run"
-    result = launch(config, tiny_model_dir, out, *extra)
+    tiny_model_dir = family_model(family)
+    recipe = "configs/grpo/demo_tiny.yaml" if family == "qwen2_5_vl" else f"configs/grpo/tiny_{family}.yaml"
+    result = launch(config, tiny_model_dir, out, *extra, recipe=recipe)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-5000:]
     assert f"distributed_type=DEEPSPEED num_processes=2 zero_stage={stage}" in log

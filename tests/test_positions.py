@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from video_grpo.data import build_dataset
+from video_grpo.families import QWEN2_5_VL
 from video_grpo.processing import encode_rows, generation_inputs, video_kwargs
 from video_grpo.video import SamplingConfig
 
@@ -65,7 +66,7 @@ class LanguageModelPositions:
 def test_loss_forward_and_generation_use_the_reference_layout(setup):
     model, processor, rows = setup
     config = model.config
-    encoded = encode_rows(processor, rows)
+    encoded = encode_rows(processor, rows, QWEN2_5_VL)
     ids = encoded["prompt_ids"][0]
     grid = encoded["video_grid_thw"][0].tolist()
     seconds = float(encoded["second_per_grid_ts"][0])
@@ -94,7 +95,7 @@ def test_loss_forward_and_generation_use_the_reference_layout(setup):
 
 def test_left_padded_rows_get_the_same_positions(setup):
     model, processor, rows = setup
-    encoded = encode_rows(processor, rows + rows)
+    encoded = encode_rows(processor, rows + rows, QWEN2_5_VL)
     shorter = {**encoded, "prompt_ids": [encoded["prompt_ids"][0][3:], encoded["prompt_ids"][1]]}
     inputs = generation_inputs(shorter, processor.tokenizer.pad_token_id, model.config.video_token_id)
     positions, deltas = model.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],

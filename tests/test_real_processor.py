@@ -6,6 +6,7 @@ import pytest
 from transformers import AutoProcessor
 
 from video_grpo.data import build_dataset
+from video_grpo.families import QWEN2_5_VL
 from video_grpo.processing import encode_rows
 from video_grpo.video import SamplingConfig, sampled_fps
 
@@ -23,7 +24,7 @@ def processor():
 def test_one_video_block_and_token_count(processor, train_file):
     sampling = SamplingConfig(fps=1.0, max_frames=16, min_pixels=784, max_pixels=112 * 112, max_tokens=1024)
     rows = build_dataset(train_file, sampling=sampling).__getitems__([0, 0, 3])
-    encoded = encode_rows(processor, rows)
+    encoded = encode_rows(processor, rows, QWEN2_5_VL)
     tok = processor.tokenizer
     start, pad, end = (tok.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"))
     assert (start, pad, end) == (151652, 151656, 151653)  # the real ids

@@ -150,7 +150,12 @@ def test_time_comes_from_sampled_fps_and_positions_match_generation(tiny_model_d
     for f in probe.loss_forwards:
         assert torch.equal(f["mm_token_type_ids"] == 2, f["input_ids"] == trainer.video_token_id)
 
-    # The 3-D positions of each prompt in the loss forward equal those used when generating from it.
+    assert_loss_positions_equal_generation(probe)
+
+
+def assert_loss_positions_equal_generation(probe: ForwardProbe) -> None:
+    """Each loss-forward row starts with a prompt generation saw, token for token, and gives it the 3-D positions
+    generation gave it."""
     prefill = next(c for c in probe.rope_calls if not c["grad"])
     loss_calls = [c for c in probe.rope_calls if c["grad"]]
     assert loss_calls
@@ -161,7 +166,7 @@ def test_time_comes_from_sampled_fps_and_positions_match_generation(tiny_model_d
     for call in loss_calls:
         for row in range(call["input_ids"].shape[0]):
             ids = call["input_ids"][row][call["attention_mask"][row].bool()].tolist()
-            prompt = next(p for p in gen_rows if tuple(ids[: len(p)]) == p)
+            prompt = next(p for p in gen_rows if tuple(ids[: len(p)]) == p)  # identical prompt tokens
             positions = call["positions"][:, row, call["attention_mask"][row].bool()][:, : len(prompt)]
             assert torch.equal(positions, gen_rows[prompt])
             assert positions[0].max() > positions[1].max() or positions[0].unique().numel() > 1  # real time axis

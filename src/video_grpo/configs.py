@@ -1,8 +1,9 @@
 """Script arguments for video GRPO, parsed by ``TrlParser`` together with TRL's ``GRPOConfig`` and
 ``ModelConfig`` from one YAML file plus command-line overrides.
 
-Every inconsistency that can be caught without loading a model is caught in ``__post_init__`` so that a
-bad recipe fails in a second, not after the model has loaded.
+Every inconsistency that can be caught without the model is caught in ``__post_init__``, and what depends on
+the model family (the token cost of a frame) in :func:`validate_recipe`, which reads only the model's config:
+a bad recipe fails in a second, not after the model has loaded.
 """
 
 from __future__ import annotations
@@ -11,10 +12,6 @@ import json
 from dataclasses import dataclass, field, fields
 
 from video_grpo.rewards import DEFAULT_ANSWER_TEMPLATE
-
-# Qwen2.5-VL: 14-px patches merged 2x2, so one visual token covers 28x28 pixels of *two* frames.
-PIXELS_PER_TOKEN = 28 * 28
-TEMPORAL_PATCH = 2
 
 DEFAULT_PROMPT = (
     'To accurately pinpoint the event "{sentence}" in the video, determine the precise time period of the '
@@ -90,16 +87,17 @@ class GRPOScriptArguments:
     video_min_frames: int = field(default=4, metadata={"help": "Fewest frames sampled from any video."})
     video_max_frames: int = field(default=64, metadata={"help": "Most frames sampled from any video."})
     video_min_pixels: int = field(
-        default=16 * PIXELS_PER_TOKEN,
-        metadata={"help": "Smallest area (H*W) a sampled frame is resized to. Must be <= video_max_pixels."},
+        default=16 * 28 * 28,
+        metadata={"help": "Smallest area (H*W) a sampled frame is resized to. Must be <= video_max_pixels and at "
+                  "least one visual token (28x28 for Qwen2.5-VL, 32x32 for Qwen3-VL and Qwen3.5)."},
     )
     video_max_pixels: int = field(
-        default=256 * PIXELS_PER_TOKEN,
+        default=256 * 28 * 28,
         metadata={"help": "Largest area (H*W) a sampled frame is resized to."},
     )
     video_max_tokens: int = field(
         default=3584,
-        metadata={"help": "Hard cap on visual tokens per video (frames/2 * H*W/784). Frames are first shrunk "
+        metadata={"help": "Hard cap on visual tokens per video (frames/2 * H*W / pixels per token). Frames are first shrunk "
                   "towards video_min_pixels, then fewer frames are taken, spread over the whole video."},
     )
     reward_funcs: list[str] = field(
@@ -152,22 +150,9 @@ class GRPOScriptArguments:
         if self.video_min_frames > self.video_max_frames:
             fail("video_min_frames", f"{self.video_min_frames} is above video_max_frames="
                  f"{self.video_max_frames}; lower it or raise video_max_frames.")
-        if self.video_min_pixels < PIXELS_PER_TOKEN:
-            fail("video_min_pixels", f"must be >= {PIXELS_PER_TOKEN} (one 28x28 token), got {self.video_min_pixels}.")
         if self.video_min_pixels > self.video_max_pixels:
             fail("video_min_pixels", f"{self.video_min_pixels} is above video_max_pixels={self.video_max_pixels}; "
                  "lower video_min_pixels or raise video_max_pixels.")
-        floor_frames = max(TEMPORAL_PATCH, self.video_min_frames + self.video_min_frames % TEMPORAL_PATCH)
-        floor_tokens = floor_frames // TEMPORAL_PATCH * (self.video_min_pixels // PIXELS_PER_TOKEN)
-        if self.video_max_tokens < floor_tokens:
-            fail("video_max_tokens", f"{self.video_max_tokens} cannot hold even video_min_frames={self.video_min_frames} "
-                 f"frames at video_min_pixels={self.video_min_pixels} ({floor_tokens} tokens); raise it to at least "
-                 f"{floor_tokens} or lower those two.")
-        reachable = 2 * (self.video_max_tokens // (self.video_min_pixels // PIXELS_PER_TOKEN))
-        if self.video_max_frames > reachable:
-            fail("video_max_frames", f"{self.video_max_frames} frames can never fit video_max_tokens={self.video_max_tokens}: "
-                 f"even at video_min_pixels={self.video_min_pixels} at most {reachable} frames fit. Lower "
-                 f"video_max_frames to {reachable} or raise video_max_tokens.")
         if not 0 <= self.max_bad_sample_fraction <= 1:
             fail("max_bad_sample_fraction", f"must be in [0, 1], got {self.max_bad_sample_fraction}.")
         if "{sentence}" not in self.prompt_template:
@@ -257,6 +242,34 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
         import logging
 
         logging.getLogger(__name__).warning("trust_remote_code is on: the model repository may run its own code.")
+    # Last, as it reads the model's config.json (not its weights): the family sets what a frame costs.
+    from video_grpo.families import family_of_model
+
+    family = family_of_model(model_args.model_name_or_path, model_args.model_revision, training_args.trust_remote_code)
+    check_video_budget(script_args, family)
+
+
+def check_video_budget(script_args: GRPOScriptArguments, family) -> None:
+    """The frame-size and token-budget settings against the model family's token size (28 or 32 px)."""
+    def fail(name: str, why: str) -> None:
+        raise ValueError(f"{name}: {why}")
+
+    per_token, pair, side = family.pixels_per_token, family.temporal_patch, family.size_multiple
+    if script_args.video_min_pixels < per_token:
+        fail("video_min_pixels", f"must be >= {per_token} (one {side}x{side} token of {family.name}), got "
+             f"{script_args.video_min_pixels}.")
+    min_frames = script_args.video_min_frames
+    floor_frames = max(pair, min_frames + (-min_frames) % pair)
+    floor_tokens = floor_frames // pair * (script_args.video_min_pixels // per_token)
+    if script_args.video_max_tokens < floor_tokens:
+        fail("video_max_tokens", f"{script_args.video_max_tokens} cannot hold even video_min_frames={min_frames} "
+             f"frames at video_min_pixels={script_args.video_min_pixels} ({floor_tokens} {family.name} tokens); raise "
+             f"it to at least {floor_tokens} or lower those two.")
+    reachable = pair * (script_args.video_max_tokens // (script_args.video_min_pixels // per_token))
+    if script_args.video_max_frames > reachable:
+        fail("video_max_frames", f"{script_args.video_max_frames} frames can never fit video_max_tokens="
+             f"{script_args.video_max_tokens}: even at video_min_pixels={script_args.video_min_pixels} at most "
+             f"{reachable} frames fit ({family.name}). Lower video_max_frames to {reachable} or raise video_max_tokens.")
 
 
 # report_to backend -> (modules of which one must import, pip package to install)

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from video_grpo.annotations import DEFAULT_EXTENSIONS, AnnotationError, DataReport, load_annotations
 from video_grpo.configs import DEFAULT_PROMPT
+from video_grpo.families import FAMILIES, family_of_recipe
 from video_grpo.video import SamplingConfig, VideoReadError, load_video, probe_video, read_video
 
 logger = logging.getLogger(__name__)
@@ -143,11 +144,11 @@ def build_dataset(
     return dataset
 
 
-def dataset_kwargs(script_args) -> dict:
-    """``build_dataset`` keyword arguments from ``GRPOScriptArguments``."""
+def dataset_kwargs(script_args, family) -> dict:
+    """``build_dataset`` keyword arguments from ``GRPOScriptArguments`` and the model family (frame geometry)."""
     return {
         "video_root": script_args.video_root,
-        "sampling": SamplingConfig.from_args(script_args),
+        "sampling": SamplingConfig.from_args(script_args, family),
         "prompt_template": script_args.prompt_template,
         "dataset_format": script_args.dataset_format,
         "durations_file": script_args.durations_file,
@@ -158,9 +159,9 @@ def dataset_kwargs(script_args) -> dict:
     }
 
 
-def build_datasets(script_args) -> tuple[Dataset, Dataset | None]:
-    """Train and (optional) eval datasets from ``GRPOScriptArguments``."""
-    kwargs = dataset_kwargs(script_args)
+def build_datasets(script_args, family) -> tuple[Dataset, Dataset | None]:
+    """Train and (optional) eval datasets from ``GRPOScriptArguments``, sampled for ``family``."""
+    kwargs = dataset_kwargs(script_args, family)
     train = build_dataset(script_args.train_file, max_samples=script_args.max_train_samples, **kwargs)
     evaluation = build_dataset(script_args.eval_file, **kwargs) if script_args.eval_file else None
     return train, evaluation
@@ -209,6 +210,9 @@ def check_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow_absolute_video_paths", action="store_true",
                         help="accept video paths outside --video_root")
     parser.add_argument("--decode", action="store_true", help="decode every video's sampled frames, not only headers")
+    parser.add_argument("--model_family", choices=sorted(FAMILIES),
+                        help="frame geometry for --decode; default: the recipe model's family (--config), else "
+                        "qwen2_5_vl")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
     args = parser.parse_args(argv)
     if bool(args.config) == bool(args.annotations):
@@ -221,13 +225,16 @@ def check_main(argv: list[str] | None = None) -> int:
         annotations = script_args.train_file if args.split == "train" else script_args.eval_file
         if not annotations:
             parser.error(f"{args.config} sets no {args.split}_file")
-        kwargs = dataset_kwargs(script_args)
+        family = family_of_recipe(args.config, args.model_family) if args.decode else FAMILIES["qwen2_5_vl"]
+        kwargs = dataset_kwargs(script_args, family)
         sampling = kwargs["sampling"]
         load_kwargs = {k: kwargs[k] for k in ("video_root", "dataset_format", "durations_file", "video_extensions",
                                               "allow_absolute_video_paths")}
         strict = args.strict or script_args.strict_data
     else:
-        annotations, sampling, strict = args.annotations, SamplingConfig(), args.strict
+        family = FAMILIES[args.model_family or "qwen2_5_vl"]
+        annotations, strict = args.annotations, args.strict
+        sampling = SamplingConfig(size_multiple=family.size_multiple, temporal_patch=family.temporal_patch)
         load_kwargs = {"video_root": args.video_root, "dataset_format": args.dataset_format,
                        "durations_file": args.durations, "allow_absolute_video_paths": args.allow_absolute_video_paths}
     try:

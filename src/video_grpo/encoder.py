@@ -1,12 +1,13 @@
-"""Run Qwen2.5-VL's vision encoder once per unique video instead of once per row.
+"""Run the vision encoder once per unique video instead of once per row (every model family).
 
 GRPO repeats every prompt G times, so a batch holds each video G times, and a plain forward encodes it G
 times: in generation, in the old-policy and reference passes, and in the loss. :class:`VideoEncoderOnce`
 replaces ``get_video_features`` on one model instance (both ``generate`` and ``forward`` call it there):
 
 - within a call, identical videos (same grid and same pixels, compared exactly) go through the encoder
-  once and their features are shared by every row that shows them. Autograd then sums the rows'
-  gradients into that one encoding, which is the same gradient as encoding each copy separately;
+  once and their features (with Qwen3-VL's DeepStack levels) are shared by every row that shows them.
+  Autograd then sums the rows' gradients into that one encoding, which is the same gradient as encoding
+  each copy separately;
 - with a frozen vision tower, features are also kept across calls until :meth:`reset` (the trainer resets
   at every new generation batch), so generation, the old-policy pass, the reference pass and the loss all
   reuse one encoding per video.
@@ -41,12 +42,14 @@ class EncoderStats:
 
 
 class VideoEncoderOnce:
-    def __init__(self, model_core, reuse_across_calls: bool = False) -> None:
-        """``model_core``: the ``Qwen2_5_VLModel`` (``model.model``) whose ``get_video_features`` is replaced."""
+    def __init__(self, model_core, reuse_across_calls: bool = False, deepstack: bool = False) -> None:
+        """``model_core``: the inner model (``model.model``: ``Qwen2_5_VLModel``, ``Qwen3VLModel``...) whose
+        ``get_video_features`` is replaced. ``deepstack``: the tower also returns DeepStack features (Qwen3-VL)."""
         self.original = model_core.get_video_features
+        self.deepstack = deepstack
         self.merge = model_core.visual.spatial_merge_size ** 2
         self.reuse_across_calls = reuse_across_calls
-        self.cache: list[tuple[tuple, torch.Tensor, torch.Tensor]] = []  # (key, pixels, features)
+        self.cache: list[tuple[tuple, torch.Tensor, tuple]] = []  # (key, pixels, (pooler, *deepstack levels))
         self.stats = EncoderStats()
         self.use_cache = True  # False inside bypassing()
         self.must_hit = False  # in serving mode: every video must come from the cache
@@ -108,7 +111,7 @@ class VideoEncoderOnce:
 
         keys = [self._key(v, g) for v, g in zip(videos, video_grid_thw, strict=True)]
         known = self.cache if self.reuse_across_calls and self.use_cache else []
-        assignment: list[tuple[str, int | torch.Tensor]] = []  # ("new", index into to_encode) or ("known", features)
+        assignment: list[tuple[str, int | tuple]] = []  # ("new", index into to_encode) or ("known", features)
         to_encode: list[int] = []
         for i, (video, key) in enumerate(zip(videos, keys, strict=True)):
             features = self._find(known, key, video)
@@ -121,7 +124,7 @@ class VideoEncoderOnce:
                 match = len(to_encode) - 1
             assignment.append(("new", match))
 
-        encoded: tuple[torch.Tensor, ...] = ()
+        encoded: list[tuple[torch.Tensor, ...]] = []
         if to_encode and self.must_hit:
             raise RuntimeError(
                 f"{len(to_encode)} of {len(videos)} videos of this forward are not in the frozen vision tower's cache, "
@@ -131,21 +134,40 @@ class VideoEncoderOnce:
         if to_encode:
             output = self.original(torch.cat([videos[i] for i in to_encode]), video_grid_thw[to_encode],
                                    return_dict=True, **kwargs)
-            encoded = tuple(output.pooler_output)
+            encoded = split_features(output)
             self.stats.encoder_runs += 1
             self.stats.rows_encoded += sum(rows[i] for i in to_encode)
             if self.reuse_across_calls and self.use_cache:
-                self.cache += [(keys[i], videos[i], f.detach()) for i, f in zip(to_encode, encoded, strict=True)]
-        features = tuple(encoded[ref] if kind == "new" else ref for kind, ref in assignment)
-        return BaseModelOutputWithPooling(pooler_output=features)
+                self.cache += [(keys[i], videos[i], tuple(part.detach() for part in parts))
+                               for i, parts in zip(to_encode, encoded, strict=True)]
+        return self.join_features([encoded[ref] if kind == "new" else ref for kind, ref in assignment])
+
+    def join_features(self, per_video: list[tuple[torch.Tensor, ...]]):
+        """The model's own output type from per-video ``(pooler, *deepstack levels)``."""
+        pooler = tuple(parts[0] for parts in per_video)
+        if not self.deepstack:
+            return BaseModelOutputWithPooling(pooler_output=pooler)
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+        levels = [tuple(parts[1 + level] for parts in per_video) for level in range(len(per_video[0]) - 1)]
+        return BaseModelOutputWithDeepstackFeatures(pooler_output=pooler, deepstack_features=levels)
+
+
+def split_features(output) -> list[tuple[torch.Tensor, ...]]:
+    """Per video: ``(pooler, *deepstack levels)``. The model consumes DeepStack level k at text layer k, so a
+    video's levels must stay with its pooled features wherever they are reused."""
+    levels = getattr(output, "deepstack_features", None) or []
+    return [tuple(parts) for parts in zip(output.pooler_output, *levels, strict=True)]
 
 
 def install(model, reuse_across_calls: bool = False, share_cache_with: VideoEncoderOnce | None = None):
-    """Install on a Qwen2.5-VL model (or a PEFT wrapper of one); returns the encoder hook.
+    """Install on a model of any supported family (or a PEFT wrapper of one); returns the encoder hook.
 
     ``share_cache_with``: a reference model whose frozen tower equals the policy's reuses the policy's cache."""
+    from video_grpo.families import detect_family
+
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    hook = VideoEncoderOnce(base.model, reuse_across_calls)
+    hook = VideoEncoderOnce(base.model, reuse_across_calls, deepstack=detect_family(base.config).deepstack)
     if share_cache_with is not None:
         hook.cache = share_cache_with.cache
     return hook

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from video_grpo.families import detect_family, family_of_model
 from video_grpo.processing import encode_rows, generation_inputs, vision_placeholder_ids
 from video_grpo.rewards import answer_block, completion_text, parse_span_in, temporal_iou
 
@@ -115,7 +116,7 @@ def generate_answers(model, processor, rows: list[dict], max_new_tokens: int = 2
     """Answers for a batch of dataset rows, through the same processing as training."""
     config = model.config
     tokenizer = processor.tokenizer
-    encoded = encode_rows(processor, rows)
+    encoded = encode_rows(processor, rows, detect_family(config))
     inputs = generation_inputs(encoded, tokenizer.pad_token_id, config.video_token_id, device=model.device)
     kwargs = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "pad_token_id": tokenizer.pad_token_id,
               "eos_token_id": tokenizer.eos_token_id, "suppress_tokens": vision_placeholder_ids(config)}
@@ -146,8 +147,10 @@ def sample_key(record: dict) -> tuple[str, int]:
     return record["id"], int(record.get("sample", 0))
 
 
-def load_split(config: str, split: str = "eval", annotations: str | None = None, max_samples: int | None = None):
-    """``(dataset, ids)`` for a recipe's eval/train file or another annotation file. Reading the ids decodes nothing."""
+def load_split(config: str, family, split: str = "eval", annotations: str | None = None,
+               max_samples: int | None = None):
+    """``(dataset, ids)`` for a recipe's eval/train file or another annotation file, its frames sampled for the
+    model ``family``. Reading the ids decodes nothing."""
     from video_grpo.configs import script_args_from_yaml
     from video_grpo.data import build_dataset, dataset_kwargs
 
@@ -155,7 +158,8 @@ def load_split(config: str, split: str = "eval", annotations: str | None = None,
     path = annotations or (script_args.eval_file if split == "eval" else script_args.train_file)
     if not path:
         raise SystemExit(f"{config} has no {split}_file; pass --annotations")
-    dataset = build_dataset(path, max_samples=max_samples, replace_bad_samples=False, **dataset_kwargs(script_args))
+    dataset = build_dataset(path, max_samples=max_samples, replace_bad_samples=False,
+                            **dataset_kwargs(script_args, family))
     return dataset, dataset.with_format(None)["id"]  # plain column access: no video decoding
 
 
@@ -225,7 +229,8 @@ def run_main(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
     state = PartialState()
-    dataset, ids = load_split(args.config, args.split, args.annotations, args.max_samples)
+    dataset, ids = load_split(args.config, family_of_model(args.model_name_or_path), args.split, args.annotations,
+                              args.max_samples)
     out_dir = Path(args.output_dir)
     generate_parts(args, dataset, ids, out_dir, state)
     state.wait_for_everyone()

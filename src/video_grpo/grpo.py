@@ -1,4 +1,4 @@
-"""Train Qwen2.5-VL with GRPO on temporal video grounding.
+"""Train Qwen2.5-VL, Qwen3-VL or Qwen3.5 with GRPO on temporal video grounding.
 
     accelerate launch --config_file configs/accelerate/zero3.yaml -m video_grpo.grpo \\
         --config configs/grpo/qwen2_5_vl_7b_charades.yaml [--any_field value ...]
@@ -20,6 +20,7 @@ from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
 from video_grpo.checkpoints import last_complete_checkpoint
 from video_grpo.configs import GRPOScriptArguments, validate_recipe
 from video_grpo.data import build_datasets
+from video_grpo.families import family_of_model
 from video_grpo.rewards import resolve_reward_funcs
 from video_grpo.trainer import VideoGRPOTrainer
 
@@ -74,8 +75,10 @@ def build_trainer(script_args: GRPOScriptArguments, training_args: GRPOConfig,
     # Rewards (resolved before the model loads, so a bad name fails fast)
     reward_funcs = resolve_reward_funcs(script_args.reward_funcs, script_args.reward_kwargs)
 
-    # Data: rows decode their video lazily, in DataLoader workers when dataloader_num_workers > 0
-    train_dataset, eval_dataset = build_datasets(script_args)
+    # Data: rows decode their video lazily, in DataLoader workers when dataloader_num_workers > 0, with the frame
+    # size of the model's family (read from its config.json; an unsupported model type fails here)
+    family = family_of_model(model_args.model_name_or_path, model_args.model_revision, training_args.trust_remote_code)
+    train_dataset, eval_dataset = build_datasets(script_args, family)
 
     # Model and processor. TRL loads the model from its path with these kwargs (and the reference model, if beta > 0).
     training_args.model_init_kwargs = {

@@ -62,6 +62,7 @@ def _sft(model_dir: Path, dataset, out: Path, steps: int) -> Path:
     from transformers import AutoProcessor
     from trl import SFTConfig, SFTTrainer
 
+    from video_grpo.families import QWEN2_5_VL
     from video_grpo.sft import SFTScriptArguments, VideoSFTCollator
 
     processor = AutoProcessor.from_pretrained(model_dir)
@@ -71,7 +72,7 @@ def _sft(model_dir: Path, dataset, out: Path, steps: int) -> Path:
                      dataset_kwargs={"skip_prepare_dataset": True}, disable_tqdm=True)
     template = SFTScriptArguments.__dataclass_fields__["answer_template"].default
     trainer = SFTTrainer(model=str(model_dir), args=args, train_dataset=dataset,
-                         data_collator=VideoSFTCollator(processor, template), processing_class=processor)
+                         data_collator=VideoSFTCollator(processor, template, QWEN2_5_VL), processing_class=processor)
     trainer.train()
     trainer.save_model(str(out))
     processor.save_pretrained(str(out))

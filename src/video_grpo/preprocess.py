@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from video_grpo.annotations import load_annotations
 from video_grpo.configs import script_args_from_yaml
+from video_grpo.families import FAMILIES, family_of_recipe
 from video_grpo.video import SamplingConfig, VideoReadError, cache_path, read_video, write_cache
 
 
@@ -58,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--frame_cache_dir", help="overrides the recipe's frame_cache_dir")
     parser.add_argument("--num_workers", type=int, default=1)
+    parser.add_argument("--model_family", choices=sorted(FAMILIES),
+                        help="frame geometry to cache for; default: the family of the recipe's model_name_or_path")
     args = parser.parse_args(argv)
     script_args = script_args_from_yaml(args.config, frame_cache_dir=args.frame_cache_dir)
     if not script_args.frame_cache_dir:
@@ -69,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                                           script_args.durations_file, tuple(script_args.video_extensions),
                                           allow_absolute_video_paths=script_args.allow_absolute_video_paths)
             videos.update(r["video"] for r in records)
-    failures = preprocess(sorted(videos), SamplingConfig.from_args(script_args), script_args.frame_cache_dir,
-                          args.num_workers)
+    sampling = SamplingConfig.from_args(script_args, family_of_recipe(args.config, args.model_family))
+    failures = preprocess(sorted(videos), sampling, script_args.frame_cache_dir, args.num_workers)
     print(f"cached {len(videos) - len(failures)} of {len(videos)} videos in {script_args.frame_cache_dir}")
     for error in sorted(failures.values()):
         print(f"  failed: {error}")

@@ -1,14 +1,16 @@
-"""Turn grounding rows (prompt + sampled frames + metadata) into Qwen2.5-VL model inputs.
+"""Turn grounding rows (prompt + sampled frames + metadata) into model inputs, for every model family.
 
-One function shared by training and evaluation, so both see the same tokens, pixels and time scale.
+One function shared by training and evaluation, so both see the same tokens, pixels and time. What differs
+between Qwen2.5-VL, Qwen3-VL and Qwen3.5 comes from :mod:`video_grpo.families`.
 
 Video input policy: :func:`encode_rows` makes the video half of every forward once, on the CPU, and
 nothing changes it afterwards except its device.
 
 - ``pixel_values_videos``: float32, the processor's normalised values. The model casts them to the vision
   tower's dtype itself (``get_video_features``), the same way in every forward.
-- ``second_per_grid_ts``: float32, from the sampled frames' real timestamps. Never cast to bf16: 0.99955 s
-  would become 1.0 and move every frame's time position.
+- ``second_per_grid_ts`` (Qwen2.5-VL only): float32, from the sampled frames' real timestamps. Never cast to
+  bf16: 0.99955 s would become 1.0 and move every frame's time position. (Qwen3 families carry time in the
+  prompt text, as integers' worth of tokens, so nothing can round it.)
 - ``video_grid_thw``: int64; ``mm_token_type_ids``: rebuilt from the token ids in every forward.
 
 Under DeepSpeed, ``Trainer._prepare_input`` casts every float tensor on its way to generation (and only
@@ -23,24 +25,22 @@ from typing import Any
 import torch
 
 from video_grpo import positions
-from video_grpo.configs import TEMPORAL_PATCH
-from video_grpo.video import frame_spacing
+from video_grpo.families import ModelFamily
 
 positions.install()  # every Qwen2.5-VL forward and generation uses the reference 3-D position layout
 
 VIDEO_FLOAT_INPUTS = frozenset({"pixel_values_videos", "second_per_grid_ts"})
-# The fields of transformers' VideoMetadata; our metadata carries more (timestamps).
-PROCESSOR_METADATA_KEYS = ("total_num_frames", "fps", "width", "height", "duration", "frames_indices")
+TIME_INPUTS = ("second_per_grid_ts",)  # per-video time tensors some families take (ModelFamily.time_input_keys)
 
 
-def encode_rows(processor, rows: list[dict], chat_template_kwargs: dict | None = None) -> dict[str, Any]:
+def encode_rows(processor, rows: list[dict], family: ModelFamily,
+                chat_template_kwargs: dict | None = None) -> dict[str, Any]:
     """Tokenize each row's prompt with its video; rows that share a video and prompt are processed once.
 
-    Returns per-row ``prompt_ids`` (lists), ``video_pixels`` (a list of ``(patches, 1176)`` tensors, shared by
-    identical rows), ``video_grid_thw`` ``(B, 3)`` and ``second_per_grid_ts`` ``(B,)``. The frames were already
-    sampled and sized by :mod:`video_grpo.video`, so the processor neither resamples nor resizes them.
-    ``second_per_grid_ts`` is the temporal patch times the sampled frames' real mean spacing (their
-    timestamps), not the processor's frames / fps estimate, which is wrong for variable-frame-rate files.
+    Returns per-row ``prompt_ids`` (lists), ``video_pixels`` (a list of ``(patches, C)`` float32 tensors, shared
+    by identical rows), ``video_grid_thw`` ``(B, 3)`` and the family's time inputs (Qwen2.5-VL:
+    ``second_per_grid_ts`` ``(B,)``). The frames were already sampled and sized by :mod:`video_grpo.video`, so
+    the processor neither resamples nor resizes them; time comes from the frames' real timestamps.
     """
     texts = processor.apply_chat_template(
         [row["prompt"] for row in rows], tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
@@ -52,26 +52,30 @@ def encode_rows(processor, rows: list[dict], chat_template_kwargs: dict | None =
         first_row.setdefault(unique_index, row_index)
     order = [first_row[u] for u in range(len(unique))]
     encoded = processor(
-        text=[texts[i] for i in order],
+        text=[family.prompt_text(texts[i]) for i in order],
         videos=[rows[i]["video_frames"] for i in order],
-        video_metadata=[{k: rows[i]["video_metadata"][k] for k in PROCESSOR_METADATA_KEYS} for i in order],
+        video_metadata=[family.processor_metadata(rows[i]["video_metadata"]) for i in order],
         do_sample_frames=False,
         do_resize=False,
         cap_pixels_per_frame=True,  # explicit, to silence a transformers warning; frames are pre-sized anyway
     )
     grid = torch.as_tensor(encoded["video_grid_thw"]).long()
-    pixels = torch.split(torch.as_tensor(encoded["pixel_values_videos"]), grid.prod(-1).tolist())
-    seconds = torch.tensor([TEMPORAL_PATCH * frame_spacing(rows[i]["video_metadata"]) for i in order],
-                           dtype=torch.float32)
+    pixels = torch.split(torch.as_tensor(encoded["pixel_values_videos"], dtype=torch.float32), grid.prod(-1).tolist())
+    time = family.time_inputs([rows[i]["video_metadata"] for i in order])
     return {
         "prompt_ids": [list(encoded["input_ids"][u]) for u in row_to_unique],
         "video_pixels": [pixels[u] for u in row_to_unique],
         "video_grid_thw": grid[row_to_unique],
-        "second_per_grid_ts": seconds[row_to_unique],
+        **{key: value[row_to_unique] for key, value in time.items()},
     }
 
 
-VIDEO_TOKEN_TYPE = 2  # Qwen2.5-VL mm_token_type_ids: 0 text, 1 image, 2 video
+def video_row_keys(family: ModelFamily) -> tuple[str, ...]:
+    """The :func:`encode_rows` entries that travel with each row through the trainer."""
+    return ("video_pixels", "video_grid_thw", *family.time_input_keys)
+
+
+VIDEO_TOKEN_TYPE = 2  # mm_token_type_ids in every family: 0 text, 1 image, 2 video
 
 
 def vision_placeholder_ids(config) -> list[int]:
@@ -82,7 +86,7 @@ def vision_placeholder_ids(config) -> list[int]:
 
 
 def video_token_types(input_ids: torch.Tensor, video_token_id: int) -> torch.Tensor:
-    """``mm_token_type_ids``: without them Qwen2.5-VL silently falls back to 1-D text positions."""
+    """``mm_token_type_ids``: without them Qwen2.5-VL silently falls back to 1-D text positions (Qwen3 raises)."""
     return (input_ids == video_token_id).long() * VIDEO_TOKEN_TYPE
 
 
@@ -93,7 +97,7 @@ def video_kwargs(encoded: dict[str, Any], rows: slice, input_ids: torch.Tensor, 
     return {
         "pixel_values_videos": torch.cat(encoded["video_pixels"][rows]).to(device),  # device only: see the policy
         "video_grid_thw": encoded["video_grid_thw"][rows].to(device),
-        "second_per_grid_ts": encoded["second_per_grid_ts"][rows].to(device),
+        **{key: encoded[key][rows].to(device) for key in TIME_INPUTS if key in encoded},
         "mm_token_type_ids": video_token_types(input_ids, video_token_id),
     }
 

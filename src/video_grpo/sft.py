@@ -21,6 +21,7 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
 from video_grpo.configs import GRPOScriptArguments
 from video_grpo.data import build_datasets
+from video_grpo.families import ModelFamily, family_of_model
 from video_grpo.processing import encode_rows, video_token_types
 from video_grpo.rewards import render_answer
 
@@ -35,9 +36,10 @@ class SFTScriptArguments(GRPOScriptArguments):
 class VideoSFTCollator:
     """Rows -> prompt (with video) + target answer; the loss covers the answer tokens only."""
 
-    def __init__(self, processor, answer_template: str) -> None:
+    def __init__(self, processor, answer_template: str, family: ModelFamily) -> None:
         self.processor = processor
         self.answer_template = answer_template
+        self.family = family
         tokenizer = processor.tokenizer
         self.end_ids = tokenizer("<|im_end|>\n", add_special_tokens=False)["input_ids"]
         self.pad_id = tokenizer.pad_token_id
@@ -48,7 +50,7 @@ class VideoSFTCollator:
         return render_answer(self.answer_template, start, end, row["sentence"], decimals=1)
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        encoded = encode_rows(self.processor, rows)
+        encoded = encode_rows(self.processor, rows, self.family)
         answers = self.processor.tokenizer([self.answer(r) for r in rows], add_special_tokens=False)["input_ids"]
         sequences, labels = [], []
         for prompt, answer in zip(encoded["prompt_ids"], answers, strict=True):
@@ -69,7 +71,7 @@ class VideoSFTCollator:
             "labels": label_ids,
             "pixel_values_videos": torch.cat(encoded["video_pixels"]),
             "video_grid_thw": encoded["video_grid_thw"],
-            "second_per_grid_ts": encoded["second_per_grid_ts"],
+            **{key: encoded[key] for key in self.family.time_input_keys},
             "mm_token_type_ids": video_token_types(input_ids, self.video_token_id),
         }
 
@@ -82,7 +84,8 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     if not script_args.train_file:
         raise ValueError("train_file: not set; point it at the training annotations.")
 
-    train_dataset, eval_dataset = build_datasets(script_args)
+    family = family_of_model(model_args.model_name_or_path, model_args.model_revision)
+    train_dataset, eval_dataset = build_datasets(script_args, family)
     processor = AutoProcessor.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
     training_args.model_init_kwargs = {"revision": model_args.model_revision, "dtype": model_args.dtype,
                                        "attn_implementation": model_args.attn_implementation,
@@ -94,7 +97,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        data_collator=VideoSFTCollator(processor, script_args.answer_template),
+        data_collator=VideoSFTCollator(processor, script_args.answer_template, family),
         processing_class=processor,
         peft_config=get_peft_config(model_args),
     )

@@ -1,14 +1,15 @@
-"""``VideoGRPOTrainer``: TRL's GRPOTrainer with video that reaches every forward pass.
+"""``VideoGRPOTrainer``: TRL's GRPOTrainer with video that reaches every forward pass, for every model family.
 
 TRL 1.16 routes only ``image``/``images`` columns. With video prompts, generation can see the frames but the
 old-policy, reference and loss forwards get none, and training silently continues on text alone. This
-subclass keeps each sample's processed video with its row and feeds it to every forward, with the
-``second_per_grid_ts`` of the *sampled* fps and the ``mm_token_type_ids`` that switch on Qwen2.5-VL's 3-D
-(time, height, width) positions.
+subclass keeps each sample's processed video with its row and feeds it to every forward, with its time
+(Qwen2.5-VL: ``second_per_grid_ts`` from the sampled frames' timestamps; Qwen3-VL / Qwen3.5: ``<t seconds>``
+text in the prompt) and the ``mm_token_type_ids`` that switch on the 3-D (time, height, width) positions.
+What differs between families comes from :mod:`video_grpo.families`.
 
-Rows carry three extra keys through TRL's shuffle-and-split of the generation batch:
-``video_pixels`` (a list, one ``(patches, 1176)`` tensor per row; the G repeats of a prompt share one tensor),
-``video_grid_thw`` ``(B, 3)`` and ``second_per_grid_ts`` ``(B,)``.
+Rows carry their video through TRL's shuffle-and-split of the generation batch: ``video_pixels`` (a list, one
+``(patches, C)`` tensor per row; the G repeats of a prompt share one tensor), ``video_grid_thw`` ``(B, 3)``,
+and the family's time inputs (``second_per_grid_ts`` ``(B,)`` for Qwen2.5-VL).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ import torch
 from trl import GRPOTrainer
 
 from video_grpo.encoder import install
+from video_grpo.families import detect_family
 from video_grpo.guidance import group_advantages, guided_completion_ids, guided_mask
 from video_grpo.processing import (
     VIDEO_FLOAT_INPUTS,
     encode_rows,
     video_kwargs,
+    video_row_keys,
     video_token_types,
     vision_placeholder_ids,
 )
@@ -96,7 +99,9 @@ class VideoGRPOTrainer(GRPOTrainer):
         self._bad_samples_seen = 0
         self._samples_seen = 0
         self._warned_bad_videos: set[str] = set()
-        visual = (self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model).model.visual
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        self.family = detect_family(base.config)
+        visual = base.model.visual
         if freeze_vision_tower:
             visual.requires_grad_(False)
         self.video_encoder = self.ref_video_encoder = None
@@ -205,7 +210,7 @@ class VideoGRPOTrainer(GRPOTrainer):
         if self.video_encoder is not None:
             self.video_encoder.reset()  # a frozen tower's cached features live for one generation batch
         self._account_bad_samples(inputs)
-        self._video_rows = encode_rows(self.processing_class, inputs, self.chat_template_kwargs)
+        self._video_rows = encode_rows(self.processing_class, inputs, self.family, self.chat_template_kwargs)
         reshape = self.model.training and (self.gt_guidance or self.advantage_shaping != "none")
         if self.gt_guidance and self.model.training:
             mask = guided_mask(self.accelerator.process_index, len(inputs), self.num_generations)
@@ -218,9 +223,7 @@ class VideoGRPOTrainer(GRPOTrainer):
         finally:
             rows, self._video_rows = self._video_rows, None
             self._guided = {}
-        output["video_pixels"] = rows["video_pixels"]
-        output["video_grid_thw"] = rows["video_grid_thw"]
-        output["second_per_grid_ts"] = rows["second_per_grid_ts"]
+        output.update({key: rows[key] for key in video_row_keys(self.family)})
         return output
 
     # Why: with gt_guidance, the last answer of each group is the annotated span, not a sample.
@@ -252,6 +255,9 @@ class VideoGRPOTrainer(GRPOTrainer):
             sampled = advantages.view(-1, self.num_generations)[:, :-1]
             self._metrics["train"]["guidance/groups_all_sampled_negative"].append(
                 (sampled < 0).all(dim=1).float().mean().item())
+            # The accuracy reward of the policy's own answers (TRL's rewards/<name>/mean counts the guided ones too)
+            self._metrics["train"]["guidance/sampled_accuracy_reward"].append(
+                torch.nanmean(rewards[~guided.to(rewards.device), 0]).item())
 
     # Why: TRL shuffles rows; shuffling whole prompt groups keeps a video's G rows in one micro-batch, so the
     # loss forward encodes it once. Micro-batches stay equal-sized, so the summed gradient is unchanged.
@@ -267,7 +273,7 @@ class VideoGRPOTrainer(GRPOTrainer):
         multimodal_fields = {
             "pixel_values_videos": torch.cat(rows["video_pixels"]),
             "video_grid_thw": rows["video_grid_thw"],
-            "second_per_grid_ts": rows["second_per_grid_ts"],
+            **{key: rows[key] for key in self.family.time_input_keys},
             "mm_token_type_ids": [
                 video_token_types(torch.tensor(ids), self.video_token_id).tolist() for ids in rows["prompt_ids"]
             ],
@@ -276,7 +282,7 @@ class VideoGRPOTrainer(GRPOTrainer):
 
     # Why: the loss forward gets its rows' video back (TRL passes only image tensors).
     def _compute_loss(self, model, inputs: dict[str, Any]):
-        self._video_rows = {k: inputs[k] for k in ("video_pixels", "video_grid_thw", "second_per_grid_ts")}
+        self._video_rows = {key: inputs[key] for key in video_row_keys(self.family)}
         try:
             return super()._compute_loss(model, inputs)
         finally:

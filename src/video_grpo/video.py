@@ -4,9 +4,10 @@ We decode with decord directly instead of through qwen-vl-utils' ``fetch_video``
 (``torchvision.io.read_video``) no longer exists in torchvision 0.29, so every decord failure surfaced as an
 ``AttributeError``. Here every failure is a :class:`VideoReadError` naming the file and the reason.
 
-The sampler returns frames already resized to multiples of 28 pixels, plus the metadata (native fps, frame
-indices) that lets the Qwen2.5-VL processor compute ``second_per_grid_ts`` from the *sampled* fps. Without it
-the processor assumes 24 fps and collapses the model's sense of time.
+The sampler returns frames already resized to the model family's size multiple (28 pixels for Qwen2.5-VL, 32
+for Qwen3-VL and Qwen3.5), plus the metadata the model's time comes from: the sampled frames' indices and real
+presentation timestamps (:mod:`video_grpo.families` turns them into ``second_per_grid_ts`` or ``<t seconds>``
+text). Without them the processor assumes 24 fps and collapses the model's sense of time.
 """
 
 from __future__ import annotations
@@ -23,10 +24,6 @@ from pathlib import Path
 import torch
 from torchvision.transforms.v2 import functional as tvf
 
-from video_grpo.configs import PIXELS_PER_TOKEN, TEMPORAL_PATCH
-
-SIDE_FACTOR = 28  # frame sides must be multiples of patch (14) x spatial merge (2)
-
 
 class VideoReadError(RuntimeError):
     """A video could not be opened or decoded. The message names the file and the reason."""
@@ -39,17 +36,25 @@ class VideoReadError(RuntimeError):
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How frames are taken from a video. Mirrors the video_* fields of GRPOScriptArguments."""
+    """How frames are taken from a video. Mirrors the video_* fields of GRPOScriptArguments, plus the model
+    family's frame geometry (:meth:`from_args` takes it from a :class:`~video_grpo.families.ModelFamily`)."""
 
     fps: float = 2.0
     min_frames: int = 4
     max_frames: int = 64
-    min_pixels: int = 16 * PIXELS_PER_TOKEN
-    max_pixels: int = 256 * PIXELS_PER_TOKEN
+    min_pixels: int = 16 * 28 * 28
+    max_pixels: int = 256 * 28 * 28
     max_tokens: int = 3584
+    size_multiple: int = 28  # frame sides are multiples of this: patch x spatial merge (Qwen2.5-VL 28, Qwen3 32)
+    temporal_patch: int = 2  # frames per temporal patch: the frame count is a multiple of it
+
+    @property
+    def pixels_per_token(self) -> int:
+        """H x W pixels of a frame pair that become one visual token."""
+        return self.size_multiple**2
 
     @classmethod
-    def from_args(cls, args) -> SamplingConfig:
+    def from_args(cls, args, family) -> SamplingConfig:
         return cls(
             fps=args.video_fps,
             min_frames=args.video_min_frames,
@@ -57,6 +62,8 @@ class SamplingConfig:
             min_pixels=args.video_min_pixels,
             max_pixels=args.video_max_pixels,
             max_tokens=args.video_max_tokens,
+            size_multiple=family.size_multiple,
+            temporal_patch=family.temporal_patch,
         )
 
 
@@ -67,30 +74,25 @@ class SampledVideo:
     frames: torch.Tensor
     metadata: dict
 
-    @property
-    def num_tokens(self) -> int:
-        t, _, h, w = self.frames.shape
-        return t // TEMPORAL_PATCH * (h * w // PIXELS_PER_TOKEN)
 
+def fit_frame_size(height: int, width: int, min_pixels: int, max_pixels: int, multiple: int = 28) -> tuple[int, int]:
+    """Resize (height, width) to multiples of ``multiple``, keeping the aspect ratio, with min <= H*W <= max.
 
-def fit_frame_size(height: int, width: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Resize (height, width) to multiples of 28, keeping the aspect ratio, with min <= H*W <= max.
-
-    When rounding to multiples of 28 cannot satisfy both (min close to max), min wins; the caller's frame-count
+    When rounding to multiples cannot satisfy both (min close to max), min wins; the caller's frame-count
     reduction then keeps the video within its token budget.
     """
     if height <= 0 or width <= 0:
         raise ValueError(f"invalid frame size {height}x{width}")
-    h = max(SIDE_FACTOR, round(height / SIDE_FACTOR) * SIDE_FACTOR)
-    w = max(SIDE_FACTOR, round(width / SIDE_FACTOR) * SIDE_FACTOR)
+    h = max(multiple, round(height / multiple) * multiple)
+    w = max(multiple, round(width / multiple) * multiple)
     if h * w > max_pixels:
         scale = math.sqrt(height * width / max_pixels)
-        h = max(SIDE_FACTOR, math.floor(height / scale / SIDE_FACTOR) * SIDE_FACTOR)
-        w = max(SIDE_FACTOR, math.floor(width / scale / SIDE_FACTOR) * SIDE_FACTOR)
+        h = max(multiple, math.floor(height / scale / multiple) * multiple)
+        w = max(multiple, math.floor(width / scale / multiple) * multiple)
     if h * w < min_pixels:
         scale = math.sqrt(min_pixels / (height * width))
-        h = math.ceil(height * scale / SIDE_FACTOR) * SIDE_FACTOR
-        w = math.ceil(width * scale / SIDE_FACTOR) * SIDE_FACTOR
+        h = math.ceil(height * scale / multiple) * multiple
+        w = math.ceil(width * scale / multiple) * multiple
     return h, w
 
 
@@ -99,18 +101,19 @@ def plan_sampling(duration: float, height: int, width: int, cfg: SamplingConfig)
 
     Order of concessions: first shrink each frame (down to ``min_pixels``), then take fewer frames. The frames
     are then spread over the whole video by :func:`sample_times`, so a long video is covered end to end.
-    Returns ``(count, height, width)``; ``count`` is even (Qwen2.5-VL's temporal patch is 2 frames).
+    Returns ``(count, height, width)``; ``count`` is a multiple of the temporal patch (2 frames).
     """
+    pair, per_token = cfg.temporal_patch, cfg.pixels_per_token
     n = round(duration * cfg.fps)
     n = min(max(n, cfg.min_frames), cfg.max_frames)
-    n = max(TEMPORAL_PATCH, n - n % TEMPORAL_PATCH)
-    tokens_per_frame_pair_budget = cfg.max_tokens / (n // TEMPORAL_PATCH)
-    frame_max_pixels = min(cfg.max_pixels, int(tokens_per_frame_pair_budget) * PIXELS_PER_TOKEN)
+    n = max(pair, n - n % pair)
+    tokens_per_frame_pair_budget = cfg.max_tokens / (n // pair)
+    frame_max_pixels = min(cfg.max_pixels, int(tokens_per_frame_pair_budget) * per_token)
     frame_max_pixels = max(frame_max_pixels, cfg.min_pixels)
-    h, w = fit_frame_size(height, width, cfg.min_pixels, frame_max_pixels)
-    tokens_per_pair = h * w // PIXELS_PER_TOKEN
-    while n > TEMPORAL_PATCH and n // TEMPORAL_PATCH * tokens_per_pair > cfg.max_tokens:
-        n -= TEMPORAL_PATCH
+    h, w = fit_frame_size(height, width, cfg.min_pixels, frame_max_pixels, cfg.size_multiple)
+    tokens_per_pair = h * w // per_token
+    while n > pair and n // pair * tokens_per_pair > cfg.max_tokens:
+        n -= pair
     return n, h, w
 
 
