@@ -69,7 +69,8 @@ class DataReport:
 # -- raw readers: each yields (where, id, video_key, duration, spans, sentence) ------------------------------
 
 
-def _read_jsonl_lines(path: Path):
+def iter_jsonl_objects(path: str | Path, error: type[ValueError] = AnnotationError):
+    """``(line_no, "file:line", object)`` for each non-blank line; bad JSON or a non-object raises ``error``."""
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
@@ -78,10 +79,15 @@ def _read_jsonl_lines(path: Path):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
-                raise AnnotationError(f"{where}: not valid JSON ({err.msg})") from err
+                raise error(f"{where}: not valid JSON ({err.msg})") from None
             if not isinstance(record, dict):
-                raise AnnotationError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            yield where, record
+                raise error(f"{where}: expected a JSON object, got {type(record).__name__}")
+            yield line_no, where, record
+
+
+def _read_jsonl_lines(path: Path):
+    for _, where, record in iter_jsonl_objects(path):
+        yield where, record
 
 
 def _need(record: dict, keys: tuple[str, ...], where: str) -> None:

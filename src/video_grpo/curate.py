@@ -44,6 +44,7 @@ import os
 import sys
 from pathlib import Path
 
+from video_grpo.annotations import iter_jsonl_objects
 from video_grpo.evaluate import parse_prediction, query_iou
 
 STATUSES = ("kept", "too_hard", "too_easy", "capped")
@@ -72,57 +73,47 @@ def read_samples(path: str | Path) -> list[dict]:
     Every line needs ``id``, ``output`` (text or null), ``video``, ``duration``, ``solution`` and ``sentence``;
     the lines of one id must agree on the last four. Errors name ``file:line``."""
     queries: dict[str, dict] = {}
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            where = f"{path}:{line_no}"
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise PredictionsError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise PredictionsError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            missing = [k for k in ("id", "output", *QUERY_FIELDS) if k not in record]
-            if missing:
-                raise PredictionsError(
-                    f"{where}: missing {missing}; each line needs id, output, video, duration, "
-                    "solution, sentence (the fields `python -m video_grpo.evaluate run` writes)"
-                )
-            if not isinstance(record["id"], str | int) or isinstance(record["id"], bool):
-                raise PredictionsError(f"{where}: id must be a string or an integer, got {record['id']!r}")
-            if record["output"] is not None and not isinstance(record["output"], str):
-                raise PredictionsError(
-                    f"{where}: output must be a string or null, got {type(record['output']).__name__}"
-                )
-            duration = record["duration"]
-            if (
-                isinstance(duration, bool)
-                or not isinstance(duration, int | float)
-                or not (math.isfinite(duration) and duration > 0)
-            ):
-                raise PredictionsError(f"{where}: duration must be a number > 0, got {duration!r}")
-            if not isinstance(record["video"], str) or not record["video"]:
-                raise PredictionsError(f"{where}: video must be a path, got {record['video']!r}")
-            _check_solution(record["solution"], where)
-            query_id = str(record["id"])
-            query = queries.get(query_id)
-            if query is None:
-                queries[query_id] = {
-                    "id": query_id,
-                    **{k: record[k] for k in QUERY_FIELDS},
-                    "outputs": [],
-                    "line": line_no,
-                }
-                query = queries[query_id]
-            else:
-                for key in QUERY_FIELDS:
-                    if record[key] != query[key]:
-                        raise PredictionsError(
-                            f"{where}: {key} {record[key]!r} differs from {query[key]!r} on line "
-                            f"{query['line']} for the same id {query_id!r}"
-                        )
-            query["outputs"].append(record["output"])
+    for line_no, where, record in iter_jsonl_objects(path, PredictionsError):
+        missing = [k for k in ("id", "output", *QUERY_FIELDS) if k not in record]
+        if missing:
+            raise PredictionsError(
+                f"{where}: missing {missing}; each line needs id, output, video, duration, "
+                "solution, sentence (the fields `python -m video_grpo.evaluate run` writes)"
+            )
+        if not isinstance(record["id"], str | int) or isinstance(record["id"], bool):
+            raise PredictionsError(f"{where}: id must be a string or an integer, got {record['id']!r}")
+        if record["output"] is not None and not isinstance(record["output"], str):
+            raise PredictionsError(
+                f"{where}: output must be a string or null, got {type(record['output']).__name__}"
+            )
+        duration = record["duration"]
+        if (
+            isinstance(duration, bool)
+            or not isinstance(duration, int | float)
+            or not (math.isfinite(duration) and duration > 0)
+        ):
+            raise PredictionsError(f"{where}: duration must be a number > 0, got {duration!r}")
+        if not isinstance(record["video"], str) or not record["video"]:
+            raise PredictionsError(f"{where}: video must be a path, got {record['video']!r}")
+        _check_solution(record["solution"], where)
+        query_id = str(record["id"])
+        query = queries.get(query_id)
+        if query is None:
+            queries[query_id] = {
+                "id": query_id,
+                **{k: record[k] for k in QUERY_FIELDS},
+                "outputs": [],
+                "line": line_no,
+            }
+            query = queries[query_id]
+        else:
+            for key in QUERY_FIELDS:
+                if record[key] != query[key]:
+                    raise PredictionsError(
+                        f"{where}: {key} {record[key]!r} differs from {query[key]!r} on line "
+                        f"{query['line']} for the same id {query_id!r}"
+                    )
+        query["outputs"].append(record["output"])
     if not queries:
         raise PredictionsError(f"{path}: no predictions")
     return list(queries.values())
