@@ -64,12 +64,13 @@ GUIDED = ("--gt_guidance", "true", "--advantage_shaping", "tempsamp", "--per_dev
 
 @pytest.mark.parametrize(("config", "stage", "extra", "family"), [
     ("cpu/zero2.yaml", 2, (), "qwen2_5_vl"), ("cpu/zero3.yaml", 3, GUIDED, "qwen2_5_vl"),
-    ("cpu/zero3.yaml", 3, (), "qwen3_vl"),
-], ids=["zero2", "zero3-guided", "zero3-qwen3_vl"])
+    ("cpu/zero3.yaml", 3, (), "qwen3_vl"), ("cpu/zero3.yaml", 3, (), "qwen3_5"),
+], ids=["zero2", "zero3-guided", "zero3-qwen3_vl", "zero3-qwen3_5"])
 def test_accelerate_launch_trains_and_saves(family_model, tmp_path, config, stage, extra, family):
     out = tmp_path / "run"
     tiny_model_dir = family_model(family)
-    recipe = "configs/grpo/demo_tiny.yaml" if family == "qwen2_5_vl" else f"configs/grpo/tiny_{family}.yaml"
+    # Qwen3.5 shares Qwen3-VL's 32-px frame geometry, so it runs the tiny Qwen3-VL recipe with its own model
+    recipe = "configs/grpo/demo_tiny.yaml" if family == "qwen2_5_vl" else "configs/grpo/tiny_qwen3_vl.yaml"
     result = launch(config, tiny_model_dir, out, *extra, recipe=recipe)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-5000:]
