@@ -1,6 +1,8 @@
-"""The learning run (about 2 minutes): SFT then GRPO on the synthetic task must raise the IoU reward over
-its start and the test mIoU over the SFT model's. Deselect with `-m "not learning"`. Numbers and the
-curve: docs/learning.md."""
+"""The full learning run (8-14 minutes on 2 cores): from one SFT checkpoint, GRPO with VideoGRPOTrainer must answer
+better with the real frames than with black ones, and gain more test mIoU than TRL's own GRPOTrainer with the same
+budget. It is the full run because no honest short variant was found: with 40 GRPO steps (``--quick``) our test
+mIoU was still in a dip below its start (-4.9 points), so a short run cannot tell. Deselect with
+`-m "not learning"`. Numbers and curves: docs/learning.md."""
 
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ from .conftest import REPO
 pytestmark = pytest.mark.learning
 
 
-def test_grpo_raises_iou_over_its_start():
+def test_grpo_learns_to_look_and_plain_trl_does_not():
     result = subprocess.run([sys.executable, "-m", "video_grpo.bench", "learning"], cwd=REPO,
-                            capture_output=True, text=True, timeout=1200)
+                            capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-4000:]
     lines = {line["name"]: line for line in map(json.loads, result.stdout.splitlines())}  # JSON lines only
     print(json.dumps(lines, indent=1))
-    learning = lines["learning_iou"]
-    assert learning["steps"] == 80
-    assert learning["ours"] > learning["baseline"], learning  # last 20% of steps above the first 20%
+    uses_video, vs_plain = lines["uses_video"], lines["vs_plain_trl"]
+    assert uses_video["ours"] > uses_video["baseline"], uses_video  # real frames beat black frames
+    assert vs_plain["ours"] > vs_plain["baseline"], vs_plain  # our gain beats max(plain TRL's gain, 1 point)
     assert lines["test_iou_before_after"]["ours"] > lines["test_iou_before_after"]["baseline"]
+    assert lines["vs_plain_trl"]["steps"] == lines["learning_iou"]["steps"]  # the same budget on both sides

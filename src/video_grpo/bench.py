@@ -262,8 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     perf_parser = sub.add_parser("perf", help="performance measurements")
     perf_parser.add_argument("--quick", action="store_true", help="fewer repeats; under 3 minutes on 2 cores")
-    learning_parser = sub.add_parser("learning", help="SFT then GRPO on a synthetic task: does IoU go up?")
-    learning_parser.add_argument("--plot", type=Path, help="write the reward curve PNG here")
+    learning_parser = sub.add_parser("learning", help="SFT then GRPO on a synthetic task: does it learn to look?")
+    learning_parser.add_argument("--plot", type=Path, help="write the curves + test-mIoU bars PNG here")
+    learning_parser.add_argument("--quick", action="store_true",
+                                 help="fewer test queries and GRPO steps, no guidance/curation runs (about 5 minutes); "
+                                 "a smoke run: 40 steps are too few to show the gain")
     args = parser.parse_args(argv)
     global emit_stream
     if args.command == "perf":
@@ -279,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
 
             hf_logging.set_verbosity_error()
             torch.manual_seed(0)
-            run(Path(tmp), emit, args.plot)
+            run(Path(tmp), emit, args.plot, quick=args.quick)
     return 0
 
 

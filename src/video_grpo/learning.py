@@ -1,19 +1,21 @@
-"""Does it learn? Cold-start SFT, then GRPO, on a synthetic grounding task, on CPU.
+"""Does GRPO teach the model to look at the video? A side-by-side learning benchmark on CPU.
 
-Run through ``python -m video_grpo.bench learning`` (about 2 minutes on 2 cores; ``make test`` runs it too). The task (``video_grpo.synthetic``): videos
-of 10-40 s in which a shape of the named colour moves across the frame between S and E; train and test
-splits use different videos. A tiny Qwen2.5-VL is first taught the answer format by SFT, then trained by
-GRPO with the ``iou`` and ``format`` rewards. The SFT targets carry *random* spans: SFT teaches the format
-only, so whatever the model learns about where events are comes from GRPO (with the annotated spans, SFT
-alone already taught the tiny model the best fixed span, and GRPO had nothing left to add).
+Run through ``python -m video_grpo.bench learning [--quick]`` (numbers and curves: docs/learning.md). The task
+(:class:`video_grpo.synthetic.FlashTask`): 16-s videos in which the screen's upper half turns a named colour
+between S and E, anywhere in the video; the lower half shows a clock. No fixed answer scores well
+(``best_fixed_span_miou``). A tiny Qwen2.5-VL gets a short SFT cold start, then every comparison starts from
+that one checkpoint with the same data, rewards (``iou`` + ``format``), hyperparameters and step budget.
 Reported (JSON lines, the benchmark schema):
 
-- ``learning_iou``: mean IoU reward over the last 20% of GRPO steps (ours) vs the first 20% (baseline);
-- ``test_iou_before_after``: test-split mIoU (greedy) of the GRPO model vs the SFT model;
-- ``format_rate``: share of test answers in the exact format, after vs before GRPO;
-- ``uses_video``: test mIoU of the GRPO model with the real frames (ours) vs the same model on the same
-  queries with every frame blacked out (baseline). Equal numbers mean its answers do not depend on the
-  frames: it learned a prior over spans, not to look.
+- ``uses_video``: test mIoU of the GRPO model with the real frames vs every frame blacked out;
+- ``vs_plain_trl``: test-mIoU gain over the start, ``VideoGRPOTrainer`` vs TRL's ``GRPOTrainer`` fed the frames in
+  the prompt (its generation sees them, its loss does not); ratio = ours / max(plain's gain, 1 point);
+- ``learning_iou``: mean IoU reward, last 20% vs first 20% of our GRPO steps;
+- ``test_iou_before_after``: test mIoU after vs before GRPO; ``best_fixed_span_miou``: GRPO model vs the one
+  span that scores best on the training set;
+- ``gt_guidance_gain``: mean IoU reward of the policy's own answers over the last 20% of steps, with
+  ground-truth-guided groups and TempSamp shaping vs without;
+- ``curation_signal``: TRL's ``frac_reward_zero_std`` training on the curated vs the whole training set.
 """
 
 from __future__ import annotations
@@ -22,172 +24,135 @@ import contextlib
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from video_grpo.video import SamplingConfig
-
-GRPO_LEARNING_RATE = 1e-4
-GRPO_TEMPERATURE = 0.7
-SAMPLING = SamplingConfig(fps=1.0, min_frames=4, max_frames=16, min_pixels=3136, max_pixels=112 * 112, max_tokens=128)
+from video_grpo import learning_runs as runs
+from video_grpo.synthetic import FlashTask
 
 
-def _answers(model_dir: Path, dataset, batch_size: int = 8) -> list[dict]:
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+@dataclass(frozen=True)
+class Budget:
+    """Sizes of one benchmark run. The quick one keeps the task and the cold start (the same 128 training videos:
+    whether 100 SFT steps make the tiny model look depends on them; on 96 videos it did not), with fewer test
+    queries and GRPO steps, and leaves out the guidance and curation runs (``guided_steps`` / ``curation_steps`` 0)."""
 
-    from video_grpo.evaluate import generate_answers, prediction_record
-
-    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
-    processor = AutoProcessor.from_pretrained(model_dir)
-    records = []
-    for start in range(0, len(dataset), batch_size):
-        rows = dataset.__getitems__(list(range(start, min(len(dataset), start + batch_size))))
-        outputs = generate_answers(model, processor, rows, max_new_tokens=48)
-        records += [prediction_record(row, out) for row, out in zip(rows, outputs, strict=True)]
-    return records
-
-
-def _test_metrics(model_dir: Path, dataset) -> tuple[float, float]:
-    from video_grpo.evaluate import score_records
-    from video_grpo.rewards import format_reward
-
-    records = _answers(model_dir, dataset)
-    metrics = score_records(records)
-    formats = format_reward(completions=[r["output"] for r in records])
-    return metrics["mIoU"], 100.0 * sum(formats) / len(formats)
+    task: FlashTask
+    train: int
+    test: int
+    sft_steps: int
+    grpo_steps: int
+    guided_steps: int
+    curation_steps: int
+    curation_samples: int = 4
 
 
-def _sft(model_dir: Path, dataset, out: Path, steps: int) -> Path:
-    from transformers import AutoProcessor
-    from trl import SFTConfig, SFTTrainer
-
-    from video_grpo.families import QWEN2_5_VL
-    from video_grpo.sft import SFTScriptArguments, VideoSFTCollator
-
-    processor = AutoProcessor.from_pretrained(model_dir)
-    args = SFTConfig(output_dir=str(out), max_steps=steps, per_device_train_batch_size=8, learning_rate=3e-3,
-                     lr_scheduler_type="constant", bf16=False, use_cpu=True, gradient_checkpointing=False,
-                     report_to="none", save_strategy="no", logging_steps=10, seed=0, remove_unused_columns=False,
-                     dataset_kwargs={"skip_prepare_dataset": True}, disable_tqdm=True)
-    template = SFTScriptArguments.__dataclass_fields__["answer_template"].default
-    trainer = SFTTrainer(model=str(model_dir), args=args, train_dataset=dataset,
-                         data_collator=VideoSFTCollator(processor, template, QWEN2_5_VL), processing_class=processor)
-    trainer.train()
-    trainer.save_model(str(out))
-    processor.save_pretrained(str(out))
-    return out
+TASK = FlashTask(size=28, clock=True)  # continuous spans, 2-4 s anywhere in 16 s
+FULL = Budget(TASK, train=128, test=160, sft_steps=100, grpo_steps=80, guided_steps=80, curation_steps=6)
+QUICK = Budget(TASK, train=128, test=96, sft_steps=100, grpo_steps=40, guided_steps=0, curation_steps=0)
 
 
-def _grpo(model_dir: Path, dataset, out: Path, steps: int) -> list[dict]:
-    from transformers import AutoProcessor
-    from trl import GRPOConfig
-
-    from video_grpo.rewards import format_reward, iou_reward
-    from video_grpo.trainer import VideoGRPOTrainer
-
-    args = GRPOConfig(output_dir=str(out), max_steps=steps, per_device_train_batch_size=16, num_generations=8,
-                      max_completion_length=48, temperature=GRPO_TEMPERATURE, learning_rate=GRPO_LEARNING_RATE, lr_scheduler_type="constant",
-                      beta=0.0, loss_type="grpo", bf16=False, use_cpu=True, gradient_checkpointing=False,
-                      report_to="none", save_strategy="no", logging_steps=1, seed=0, disable_tqdm=True)
-    trainer = VideoGRPOTrainer(model=str(model_dir), reward_funcs=[iou_reward, format_reward], args=args,
-                               train_dataset=dataset, processing_class=AutoProcessor.from_pretrained(model_dir))
-    trainer.train()
-    trainer.save_model(str(out))
-    trainer.processing_class.save_pretrained(str(out))
-    return [e for e in trainer.state.log_history if "rewards/iou_reward/mean" in e]
+def fifth_means(values: list[float]) -> tuple[float, float]:
+    """Mean of the first and of the last 20% of ``values``."""
+    fifth = max(1, len(values) // 5)
+    return sum(values[:fifth]) / fifth, sum(values[-fifth:]) / fifth
 
 
-def plot_learning(history: list[dict], output: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [e["step"] for e in history]
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    for key, label in (("rewards/iou_reward/mean", "IoU reward"), ("rewards/format_reward/mean", "format reward")):
-        ax.plot(steps, [float(e[key]) for e in history], marker=".", label=label)
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("mean reward")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(output, dpi=110)
-    plt.close(fig)
-    return output
+def series(history: list[dict], key: str) -> list[float]:
+    return [float(e[key]) for e in history if key in e]
 
 
-def _random_spans(source: Path, target: Path, seed: int = 0) -> Path:
-    """A copy of the annotations whose spans are random: SFT on it teaches the answer format, not the spans."""
-    import random
+def curated_subset(model_dir: Path, train, ids: list[str], samples: int, band: tuple[float, float]) -> list[int]:
+    """``video_grpo.curate``'s rule on the starting model: sample it ``samples`` times per training query and keep
+    the queries whose mean IoU is inside ``band``."""
+    from video_grpo.curate import assign_status, query_stats
 
-    rng = random.Random(seed)
-    lines = []
-    for line in source.read_text().splitlines():
-        record = json.loads(line)
-        a, b = sorted(rng.uniform(0, record["duration"]) for _ in range(2))
-        record["solution"] = [round(a, 1), round(max(b, a + 0.5), 1)]
-        lines.append(json.dumps(record))
-    target.write_text("\n".join(lines) + "\n")
-    return target
-
-
-class BlankFrames:
-    """Wraps a dataset transform and blacks out every frame: same prompts, same timing, nothing to see."""
-
-    def __init__(self, transform) -> None:
-        self.transform = transform
-
-    def __call__(self, batch):
-        batch = self.transform(batch)
-        batch["video_frames"] = [torch.zeros_like(f) for f in batch["video_frames"]]
-        return batch
+    records = runs.answers(model_dir, train, do_sample=True, temperature=runs.GRPO_SETTINGS["temperature"],
+                           repeats=samples)
+    queries: dict[str, dict] = {}
+    for record in records:
+        queries.setdefault(record["id"], {"id": record["id"], "solution": record["solution"], "outputs": []})
+        queries[record["id"]]["outputs"].append(record["output"])
+    stats = assign_status([query_stats(q) for q in queries.values()], *band)
+    kept = {s["id"] for s in stats if s["status"] == "kept"}
+    return [i for i, query_id in enumerate(ids) if query_id in kept]
 
 
-def _blank(dataset):
-    from video_grpo.data import VideoTransform
-
-    dataset = dataset.with_format(None)
-    dataset.set_transform(BlankFrames(VideoTransform(SAMPLING, records=None)))
-    return dataset
-
-
-def run(work: Path, emit, plot_to: Path | None = None) -> dict:
+def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> dict:
     from video_grpo.data import build_dataset
-    from video_grpo.synthetic import make_split
+    from video_grpo.learning_plots import plot_learning
+    from video_grpo.synthetic import best_fixed_span, make_flash_split, temporal_iou
     from video_grpo.tiny import build_tiny_model
 
+    budget = QUICK if quick else FULL
     started = time.perf_counter()
     data = work / "task"
-    make_split(data, "train", 96, seed=10, min_dur=10, max_dur=40)
-    make_split(data, "test", 32, seed=11, min_dur=10, max_dur=40)
-    sft_steps, grpo_steps = 80, 80
-    train = build_dataset(data / "train.jsonl", sampling=SAMPLING)
-    format_only = _random_spans(data / "train.jsonl", data / "train_random_spans.jsonl")
-    test = build_dataset(data / "test.jsonl", sampling=SAMPLING)
-    model = build_tiny_model(work / "tiny")
+    train_records = make_flash_split(data, "train", budget.train, seed=10, task=budget.task)
+    test_records = make_flash_split(data, "test", budget.test, seed=11, task=budget.task)
+    fixed = best_fixed_span(train_records)
+    fixed_miou = 100 * sum(temporal_iou(fixed, tuple(r["solution"])) for r in test_records) / len(test_records)
+
+    def dataset(name: str):
+        return build_dataset(data / f"{name}.jsonl", sampling=runs.SAMPLING, prompt_template=runs.PROMPT)
+
+    train, test = dataset("train"), dataset("test")
+    model = build_tiny_model(work / "tiny", **runs.MODEL_SIZE)
+    steps = budget.grpo_steps
     with contextlib.redirect_stdout(sys.stderr):
-        sft_dir = _sft(model, build_dataset(format_only, sampling=SAMPLING), work / "sft", steps=sft_steps)
-        before = _test_metrics(sft_dir, test)
-        history = _grpo(sft_dir, train, work / "grpo", steps=grpo_steps)
-        after = _test_metrics(work / "grpo", test)
-        blank = _test_metrics(work / "grpo", _blank(test))
-    ious = [float(e["rewards/iou_reward/mean"]) for e in history]
-    fifth = max(1, len(ious) // 5)
-    first, last = sum(ious[:fifth]) / fifth, sum(ious[-fifth:]) / fifth
+        start = runs.sft(model, train, work / "sft", steps=budget.sft_steps)
+        before = runs.test_metrics(start, test)
+        before_blank = runs.test_metrics(start, runs.with_transform(test, runs.BlankFrames))
+        ours = runs.grpo(start, train, work / "ours", steps)
+        after = runs.test_metrics(work / "ours", test)
+        blank = runs.test_metrics(work / "ours", runs.with_transform(test, runs.BlankFrames))
+        plain = runs.grpo(start, train, work / "plain", steps, plain=True)
+        plain_after = runs.test_metrics(work / "plain", test)
+        guided = runs.grpo(start, train, work / "guided", budget.guided_steps, save=False, gt_guidance=True,
+                           advantage_shaping="tempsamp", answer_template=runs.ANSWER_TEMPLATE) if budget.guided_steps else []
+        if budget.curation_steps:
+            ids = [r["id"] for r in train_records]
+            kept = curated_subset(start, train, ids, budget.curation_samples, band=(0.05, 0.95))
+            curated_log = runs.grpo(start, train.select(kept), work / "curated", budget.curation_steps, save=False)
+            whole_log = runs.grpo(start, train, work / "whole", budget.curation_steps, save=False)
+
+    ious = series(ours, "rewards/iou_reward/mean")
+    first, last = fifth_means(ious)
+    ours_gain, plain_gain = after["mIoU"] - before["mIoU"], plain_after["mIoU"] - before["mIoU"]
+    queries = {"queries": len(test_records), "spans": "slots" if budget.task.slots else "continuous"}
     results = {
+        "uses_video": emit("uses_video", after["mIoU"], blank["mIoU"],
+                           "test mIoU % of the GRPO model, real frames vs every frame blacked out",
+                           start_miou=round(before["mIoU"], 3), start_blank_miou=round(before_blank["mIoU"], 3),
+                           goal="ratio >= 2", **queries),
+        "vs_plain_trl": emit("vs_plain_trl", ours_gain, max(plain_gain, 1.0),
+                             "test-mIoU gain (points) from the same start, VideoGRPOTrainer vs max(TRL GRPOTrainer, 1)",
+                             plain_gain=round(plain_gain, 3), start_miou=round(before["mIoU"], 3),
+                             plain_miou=round(plain_after["mIoU"], 3), steps=steps, goal="ratio >= 2"),
         "learning_iou": emit("learning_iou", last, first, "mean IoU reward (last 20% vs first 20% of GRPO steps)",
                              steps=len(ious), goal="ratio >= 2"),
-        "test_iou": emit("test_iou_before_after", after[0], before[0], "test mIoU % (GRPO vs SFT model)",
-                         queries=len(test), goal="ours > baseline"),
-        "format_rate": emit("format_rate", after[1], before[1], "% of test answers in the exact format (after vs before)",
-                            queries=len(test)),
+        "test_iou": emit("test_iou_before_after", after["mIoU"], before["mIoU"], "test mIoU % (after vs before GRPO)",
+                         r1_05_after=round(after["R1@0.5"], 3), r1_05_before=round(before["R1@0.5"], 3),
+                         format_after=round(after["format"], 3), format_before=round(before["format"], 3),
+                         goal="ours > baseline", **queries),
+        "best_fixed_span": emit("best_fixed_span_miou", after["mIoU"], fixed_miou,
+                                "test mIoU %: GRPO model vs the best fixed span (chosen on train)",
+                                best_fixed_span=list(fixed), best_fixed_span_miou=round(fixed_miou, 3)),
     }
-    results["uses_video"] = emit("uses_video", after[0], blank[0],
-                                 "test mIoU % of the GRPO model, real frames vs blacked-out frames")
+    if guided:
+        sampled = series(guided, "guidance/sampled_accuracy_reward")
+        unguided = series(ours[: len(sampled)], "rewards/iou_reward/mean")
+        results["gt_guidance"] = emit("gt_guidance_gain", fifth_means(sampled)[1], fifth_means(unguided)[1],
+                                      "mean IoU reward of sampled answers, last 20% of steps: guided+tempsamp vs "
+                                      "unguided", steps=len(sampled), goal="ratio > 1")
+    if budget.curation_steps:
+        zero_curated, zero_whole = (sum(series(h, "frac_reward_zero_std")) / len(h) for h in (curated_log, whole_log))
+        results["curation"] = emit("curation_signal", zero_curated, zero_whole,
+                                   "mean frac_reward_zero_std over GRPO steps: curated vs whole training set",
+                                   kept=len(kept), of=len(train), steps=budget.curation_steps, goal="ratio < 1")
     emit("learning_wall_time", time.perf_counter() - started, 15 * 60, "s (ours) vs the 15-minute budget")
+    curves = {"ours": ours, "plain": plain, "guided": guided, "before": before, "after": after, "blank": blank,
+              "plain_after": plain_after, "fixed_miou": fixed_miou}
+    (work / "history.json").write_text(json.dumps(curves, default=str))
     if plot_to is not None:
-        plot_learning(history, plot_to)
-    (work / "history.json").write_text(json.dumps(history))
+        plot_learning(curves, plot_to)
     return results

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -109,3 +110,102 @@ def make_split(out: Path, split: str, count: int, seed: int, min_dur: float, max
         for record in records:
             f.write(json.dumps(record) + "\n")
     return records
+
+
+# -- the learnable task: ``python -m video_grpo.bench learning`` and ``make demo`` ------------------------------
+
+
+@dataclass(frozen=True)
+class FlashTask:
+    """Videos of one fixed length in which the whole screen turns a named colour between S and E.
+
+    Why this shape: the event is impossible to miss (every visual token changes), the video length is fixed so
+    seconds map to the same temporal positions in every video, and events are short and placed anywhere, so
+    no single fixed span scores well (see :func:`best_fixed_span`). Spans are continuous (0.1 s steps); the
+    videos are rendered at ``render_fps``, finer than any sampling the model sees.
+    """
+
+    duration: float = 16.0
+    min_length: float = 2.0
+    max_length: float = 4.0
+    render_fps: int = 8
+    size: int = 56
+    slots: int | None = None  # coarse variant: each event fills one of ``slots`` equal slots exactly
+    clock: bool = False  # the lower half of every frame shows the time as a grey level (see render_flash)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_length <= self.max_length < self.duration:
+            raise ValueError(f"FlashTask: need 0 < min_length <= max_length < duration, got min_length="
+                             f"{self.min_length}, max_length={self.max_length}, duration={self.duration}")
+
+    def span(self, rng: random.Random) -> tuple[float, float]:
+        if self.slots:
+            width = self.duration / self.slots
+            slot = rng.randrange(self.slots)
+            return round(slot * width, 1), round((slot + 1) * width, 1)
+        length = rng.uniform(self.min_length, self.max_length)
+        start = round(rng.uniform(0, self.duration - length), 1)
+        return start, round(min(self.duration, start + length), 1)
+
+
+def render_flash(path: Path, task: FlashTask, start: float, end: float, colour: str) -> None:
+    """A steady grey, lightly textured screen that is filled with ``colour`` while ``start <= t < end``.
+
+    With ``task.clock`` only the upper half flashes and the lower half shows a grey level that rises with t: a
+    clock drawn in the frame. Why: the tiny model's visual tokens carry no time of their own (Qwen2.5-VL puts time
+    in the rotary positions only), and reading seconds off positions was more than it learned on 2 cores."""
+    size = task.size
+    base = np.full((size, size, 3), 70, dtype=np.uint8)
+    base[(np.indices((size, size)).sum(axis=0) // 7) % 2 == 1] = 80  # a fixed texture, the same in every frame
+    lit = np.empty_like(base)
+    lit[:] = COLOURS[colour]
+    half = size // 2 if task.clock else size
+    cmd = [
+        ffmpeg_exe(), "-y", "-loglevel", "error",
+        "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{size}x{size}", "-r", str(task.render_fps), "-i", "-",
+        "-c:v", "libx264", "-pix_fmt", "yuv420p", "-crf", "20", "-g", str(task.render_fps), str(path),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE)
+    assert proc.stdin is not None
+    for i in range(int(round(task.duration * task.render_fps))):
+        t = i / task.render_fps
+        frame = (lit if start <= t < end else base).copy()
+        frame[half:] = int(20 + 215 * t / task.duration)
+        proc.stdin.write(frame.tobytes())
+    proc.stdin.close()
+    if proc.wait() != 0:
+        raise RuntimeError(f"ffmpeg failed while writing {path}")
+
+
+def make_flash_split(out: Path, split: str, count: int, seed: int, task: FlashTask = FlashTask()) -> list[dict]:
+    """Write ``count`` videos and ``<out>/<split>.jsonl``; the same seed gives the same spans and colours."""
+    rng = random.Random(seed)
+    video_dir = out / "videos"
+    video_dir.mkdir(parents=True, exist_ok=True)
+    records = []
+    for i in range(count):
+        vid = f"{split}_{i:03d}"
+        start, end = task.span(rng)
+        colour = rng.choice(sorted(COLOURS))
+        render_flash(video_dir / f"{vid}.mp4", task, start, end, colour)
+        records.append({"id": vid, "video": f"videos/{vid}.mp4", "duration": task.duration,
+                        "solution": [start, end], "sentence": f"the screen turns {colour}"})
+    with open(out / f"{split}.jsonl", "w") as f:
+        f.writelines(json.dumps(record) + "\n" for record in records)
+    return records
+
+
+def temporal_iou(a: tuple[float, float], b: tuple[float, float]) -> float:
+    inter = max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
+    union = max(a[1], b[1]) - min(a[0], b[0])
+    return inter / union if union > 0 else 0.0
+
+
+def best_fixed_span(train: list[dict], step: float = 0.5) -> tuple[float, float]:
+    """The one span, on a ``step``-second grid over the longest video, with the highest mean IoU on ``train``:
+    what a policy that ignores the video can at best answer."""
+    horizon = max(float(r["duration"]) for r in train)
+    grid = [k * step for k in range(int(horizon / step) + 1)]
+    spans = [(a, b) for i, a in enumerate(grid) for b in grid[i + 1 :]]
+    truths = [tuple(r["solution"]) for r in train]
+    return max(spans, key=lambda s: sum(temporal_iou(s, t) for t in truths))

@@ -1,0 +1,155 @@
+"""The training and evaluation steps the learning benchmark (:mod:`video_grpo.learning`) is built from.
+
+Each trains or answers from a saved checkpoint directory, so every comparison the benchmark makes starts from
+the same weights. Everything runs in-process on CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from video_grpo.data import VideoTransform
+from video_grpo.video import SamplingConfig
+
+# 16-s flash videos at 2 fps: 32 frames of 28x28, one visual token per 2 frames -> 16 tokens, one per second.
+SAMPLING = SamplingConfig(fps=2.0, min_frames=4, max_frames=32, min_pixels=784, max_pixels=784, max_tokens=64)
+MODEL_SIZE: dict = {}  # build_tiny_model's defaults (about 0.2M parameters)
+# Short prompt and answer: the tiny model copies no span from its reasoning, it writes it once.
+PROMPT = ('When does "{sentence}" happen in this {duration}-second video? Think in <think> </think>, then give '
+          '"start to end" in seconds in <answer> </answer>.')
+ANSWER_TEMPLATE = "<think>I look for the flash.</think><answer>{start} to {end}</answer>"
+# 8 prompts x G = 8 per step; a low temperature keeps the sampled answers close to the greedy ones tested.
+GRPO_SETTINGS = {"per_device_train_batch_size": 64, "num_generations": 8, "max_completion_length": 40,
+                 "temperature": 0.4, "learning_rate": 3e-4, "lr_scheduler_type": "constant", "beta": 0.0,
+                 "loss_type": "grpo", "bf16": False, "use_cpu": True, "gradient_checkpointing": False,
+                 "report_to": "none", "save_strategy": "no", "logging_steps": 1, "seed": 0, "disable_tqdm": True}
+
+
+def answers(model_dir: Path, dataset, batch_size: int = 32, do_sample: bool = False, temperature: float = 1.0,
+            repeats: int = 1) -> list[dict]:
+    """Greedy (or sampled, ``repeats`` per query) answers of ``model_dir`` to every query, as prediction records."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from video_grpo.evaluate import generate_answers, prediction_record
+
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    processor = AutoProcessor.from_pretrained(model_dir)
+    indices = [i for i in range(len(dataset)) for _ in range(repeats)]
+    records = []
+    for start in range(0, len(indices), batch_size):
+        rows = dataset.__getitems__(indices[start : start + batch_size])
+        outputs = generate_answers(model, processor, rows, max_new_tokens=GRPO_SETTINGS["max_completion_length"],
+                                   do_sample=do_sample, temperature=temperature)
+        records += [prediction_record(row, out) for row, out in zip(rows, outputs, strict=True)]
+    return records
+
+
+def test_metrics(model_dir: Path, dataset) -> dict:
+    """R1@{0.3,0.5,0.7}, mIoU (%) and the share of answers in the exact format (%), greedy."""
+    from video_grpo.evaluate import score_records
+    from video_grpo.rewards import format_reward
+
+    records = answers(model_dir, dataset)
+    metrics = score_records(records)
+    formats = format_reward(completions=[r["output"] for r in records])
+    return {**{k: v for k, v in metrics.items() if k.startswith("R1@") or k == "mIoU"},
+            "format": 100.0 * sum(formats) / len(formats), "records": records}
+
+
+def sft(model_dir: Path, dataset, out: Path, steps: int, learning_rate: float = 3e-3) -> Path:
+    """Supervised answers in the prompt's format (``dataset``'s spans) -> a checkpoint in ``out``."""
+    from transformers import AutoProcessor
+    from trl import SFTConfig, SFTTrainer
+
+    from video_grpo.families import QWEN2_5_VL
+    from video_grpo.sft import VideoSFTCollator
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    args = SFTConfig(output_dir=str(out), max_steps=steps, per_device_train_batch_size=16, learning_rate=learning_rate,
+                     lr_scheduler_type="constant", bf16=False, use_cpu=True, gradient_checkpointing=False,
+                     report_to="none", save_strategy="no", logging_steps=10, seed=0, remove_unused_columns=False,
+                     dataset_kwargs={"skip_prepare_dataset": True}, disable_tqdm=True)
+    trainer = SFTTrainer(model=str(model_dir), args=args, train_dataset=dataset,
+                         data_collator=VideoSFTCollator(processor, ANSWER_TEMPLATE, QWEN2_5_VL), processing_class=processor)
+    trainer.train()
+    trainer.save_model(str(out))
+    processor.save_pretrained(str(out))
+    return out
+
+
+class FramesInPrompt(VideoTransform):
+    """What a plain TRL user does with a video dataset: the frames go into the prompt's video block, so TRL's
+    generation sees them (its loss forward does not: TRL 1.16 routes only images)."""
+
+    def __call__(self, batch):
+        batch = super().__call__(batch)
+        for prompt, frames in zip(batch["prompt"], batch["video_frames"], strict=True):
+            prompt[0]["content"][0] = {"type": "video", "video": frames}
+        return batch
+
+
+class BlankFrames(VideoTransform):
+    """Every frame blacked out: same prompts, same timing, nothing to see."""
+
+    def __call__(self, batch):
+        batch = super().__call__(batch)
+        batch["video_frames"] = [torch.zeros_like(f) for f in batch["video_frames"]]
+        return batch
+
+
+def random_spans(source: Path, target: Path, seed: int = 0) -> Path:
+    """A copy of the annotations with random spans: SFT on it teaches the answer format, not where events are."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    lines = []
+    for line in source.read_text().splitlines():
+        record = json.loads(line)
+        a, b = sorted(rng.uniform(0, record["duration"]) for _ in range(2))
+        record["solution"] = [round(a, 1), round(max(b, a + 0.5), 1)]
+        lines.append(json.dumps(record))
+    target.write_text("\n".join(lines) + "\n")
+    return target
+
+
+def with_transform(dataset, transform_class):
+    """A copy of a ``build_dataset`` dataset whose rows go through ``transform_class`` instead."""
+    dataset = dataset.with_format(None)
+    dataset.set_transform(transform_class(SAMPLING, PROMPT, records=None))
+    return dataset
+
+
+def grpo(model_dir: Path, dataset, out: Path, steps: int, plain: bool = False, save: bool = True,
+         **trainer_kwargs) -> list[dict]:
+    """GRPO with the ``iou`` and ``format`` rewards from ``model_dir``; returns the per-step log.
+
+    ``plain``: TRL's own ``GRPOTrainer``, fed the frames in the prompt; otherwise ``VideoGRPOTrainer``
+    (``trainer_kwargs``: its options, e.g. ``gt_guidance``). Same config either way."""
+    from transformers import AutoConfig, AutoProcessor
+    from trl import GRPOConfig, GRPOTrainer
+
+    from video_grpo.processing import vision_placeholder_ids
+    from video_grpo.rewards import format_reward, iou_reward
+    from video_grpo.trainer import VideoGRPOTrainer
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    trainer_processor = AutoProcessor.from_pretrained(model_dir)
+    if plain:  # the same frame size as ours; TRL passes no frame timestamps, so the processor assumes 24 fps
+        pixels = {"shortest_edge": SAMPLING.min_pixels, "longest_edge": SAMPLING.max_pixels}
+        trainer_processor.video_processor.size = pixels
+    # A sampled <|video_pad|> would break the next forward; a TRL user has to suppress it too.
+    suppress = vision_placeholder_ids(AutoConfig.from_pretrained(model_dir))
+    args = GRPOConfig(output_dir=str(out), max_steps=steps, generation_kwargs={"suppress_tokens": suppress},
+                      **GRPO_SETTINGS)
+    trainer_class = GRPOTrainer if plain else VideoGRPOTrainer
+    data = with_transform(dataset, FramesInPrompt) if plain else dataset
+    trainer = trainer_class(model=str(model_dir), reward_funcs=[iou_reward, format_reward], args=args,
+                            train_dataset=data, processing_class=trainer_processor, **trainer_kwargs)
+    trainer.train()
+    if save:
+        trainer.save_model(str(out))
+        processor.save_pretrained(str(out))
+    return [e for e in trainer.state.log_history if "rewards/iou_reward/mean" in e]
