@@ -20,19 +20,16 @@ tiny: $(TINY)/config.json
 $(TINY)/config.json: $(STAMP)
 	$(PY) -m video_grpo.tiny $(TINY)
 
-# A short real GRPO run on data_samples/: 2 CPU processes under DeepSpeed ZeRO-2, whole model trainable.
-demo: $(STAMP) $(TINY)/config.json
+# GRPO that learns, on generated flash videos (scripts/demo_flash.py: data + SFT cold start), then a before/after
+# table and timelines: 2 CPU processes under DeepSpeed ZeRO-2, whole model trainable.
+demo: $(STAMP)
 	rm -rf $(DEMO_OUT)
+	OMP_NUM_THREADS=1 $(PY) scripts/demo_flash.py prepare --out outputs/demo_flash
 	OMP_NUM_THREADS=1 $(VENV)/bin/accelerate launch --config_file configs/accelerate/cpu_zero2.yaml \
-		-m video_grpo.grpo --config configs/grpo/demo_tiny.yaml --output_dir $(DEMO_OUT)
-	$(PY) scripts/demo_report.py --run_dir $(DEMO_OUT) --initial_model $(TINY)
-	@echo "--- evaluating the untrained tiny model (zero-shot baseline) and the trained one on data_samples/test.jsonl"
-	OMP_NUM_THREADS=1 $(PY) -m video_grpo.evaluate run --model_name_or_path $(TINY) --config configs/grpo/demo_tiny.yaml \
-		--split eval --output_dir $(DEMO_OUT)/eval_base --max_new_tokens 64
-	OMP_NUM_THREADS=1 $(PY) -m video_grpo.evaluate run --model_name_or_path $(DEMO_OUT) --config configs/grpo/demo_tiny.yaml \
-		--split eval --output_dir $(DEMO_OUT)/eval --max_new_tokens 64
+		-m video_grpo.grpo --config configs/grpo/demo_flash.yaml --output_dir $(DEMO_OUT)
+	$(PY) scripts/demo_report.py --run_dir $(DEMO_OUT) --initial_model outputs/demo_flash/sft
 	$(PY) -m video_grpo.plot train --run_dir $(DEMO_OUT)
-	$(PY) -m video_grpo.plot timeline --predictions $(DEMO_OUT)/eval/predictions.jsonl
+	OMP_NUM_THREADS=2 $(PY) scripts/demo_flash.py report --out outputs/demo_flash --run_dir $(DEMO_OUT)
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -49,8 +49,9 @@ def main() -> int:
     print(f"\n=== demo summary ({len(steps)} GRPO steps, {args.run_dir}) ===")
     print(f"mean IoU reward           : {mean(series('rewards/iou_reward/mean')):.4f}")
     print(f"mean format reward        : {mean(series('rewards/format_reward/mean')):.4f}")
-    print(f"mean format_soft reward   : {mean(series('rewards/format_soft_reward/mean')):.4f}"
-          f"  (first step {series('rewards/format_soft_reward/mean')[0]:.3f}, last {series('rewards/format_soft_reward/mean')[-1]:.3f})")
+    soft = series("rewards/format_soft_reward/mean")
+    if soft:  # only when the recipe uses format_soft
+        print(f"mean format_soft reward   : {mean(soft):.4f}  (first step {soft[0]:.3f}, last {soft[-1]:.3f})")
     print(f"frac_reward_zero_std      : mean {mean(zero_std):.3f}, min {min(zero_std):.3f}  (< 1: groups had reward variance)")
     print(f"weight change ||dW||/||W||: vision tower {vision_change:.2e}, language model {language_change:.2e}")
 
