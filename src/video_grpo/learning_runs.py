@@ -99,22 +99,6 @@ class BlankFrames(VideoTransform):
         return batch
 
 
-def random_spans(source: Path, target: Path, seed: int = 0) -> Path:
-    """A copy of the annotations with random spans: SFT on it teaches the answer format, not where events are."""
-    import json
-    import random
-
-    rng = random.Random(seed)
-    lines = []
-    for line in source.read_text().splitlines():
-        record = json.loads(line)
-        a, b = sorted(rng.uniform(0, record["duration"]) for _ in range(2))
-        record["solution"] = [round(a, 1), round(max(b, a + 0.5), 1)]
-        lines.append(json.dumps(record))
-    target.write_text("\n".join(lines) + "\n")
-    return target
-
-
 def with_transform(dataset, transform_class):
     """A copy of a ``build_dataset`` dataset whose rows go through ``transform_class`` instead."""
     dataset = dataset.with_format(None)
