@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from video_grpo.configs import ANSWER_DECIMALS
 from video_grpo.data import build_dataset
 from video_grpo.grpo_math import grpo_loss
 from video_grpo.guidance import guided_completion_ids, guided_mask
@@ -75,8 +76,29 @@ def test_one_guided_answer_per_group_written_from_the_annotation(tiny_model_dir,
         assert matches == [False] * (G - 1) + [True], (group, matches)
     guided_text = tokenizer.decode(rows[G - 1], skip_special_tokens=True)
     start, end = inputs[G - 1]["solution"]
-    assert f"<answer>{start:.2f} to {end:.2f}</answer>" in guided_text
+    assert f"<answer>{start:.{ANSWER_DECIMALS}f} to {end:.{ANSWER_DECIMALS}f}</answer>" in guided_text
     assert all(math.isfinite(float(e["loss"])) for e in trainer.state.log_history if "loss" in e)
+
+
+def test_guided_answer_is_written_like_the_cold_start_target(tiny_model_dir):
+    """The guided answer and the SFT target are one text: same template, same precision (ANSWER_DECIMALS, the
+    cold start's 1 place), so guidance pushes the policy toward an answer it could have sampled."""
+    from transformers import AutoProcessor
+
+    from video_grpo.families import QWEN2_5_VL
+    from video_grpo.sft import VideoSFTCollator
+
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    tokenizer = processor.tokenizer
+    row = {"solution": [7.3, 10.24], "sentence": "the screen turns red"}
+    assert ANSWER_DECIMALS == 1  # the cold start's precision is the default
+    target = VideoSFTCollator(processor, DEFAULT_ANSWER_TEMPLATE, QWEN2_5_VL).answer(row)
+    guided = guided_completion_ids(tokenizer, row, DEFAULT_ANSWER_TEMPLATE, tokenizer.eos_token_id)
+    assert guided[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(guided[:-1]) == target
+    assert target.endswith("<answer>7.3 to 10.2</answer>"), target
+    wider = guided_completion_ids(tokenizer, row, DEFAULT_ANSWER_TEMPLATE, tokenizer.eos_token_id, decimals=2)
+    assert "<answer>7.30 to 10.24</answer>" in tokenizer.decode(wider)  # the setting is what decides
 
 
 @pytest.mark.parametrize(("shaping", "all_negative"), [("none", True), ("tempsamp", False)])

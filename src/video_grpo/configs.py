@@ -13,6 +13,11 @@ from dataclasses import dataclass, field, fields
 
 from video_grpo.rewards import DEFAULT_ANSWER_TEMPLATE
 
+# Decimal places of {start}/{end} in every answer written from an annotation: the cold-start SFT target
+# (video_grpo.sft) and the gt_guidance answer (video_grpo.guidance). One value, so that the guided answer is
+# written the way the cold start taught the policy to write.
+ANSWER_DECIMALS = 1
+
 DEFAULT_PROMPT = (
     'To accurately pinpoint the event "{sentence}" in the video, determine the precise time period of the '
     "event.\n\nOutput your thought process within the <think> </think> tags, including analysis with either "
@@ -131,8 +136,9 @@ class GRPOScriptArguments:
     answer_template: str = field(
         default=DEFAULT_ANSWER_TEMPLATE,
         metadata={"help": "An answer written from the annotated span: the cold-start SFT target (video_grpo.sft) and, "
-                  "with gt_guidance, the guided answer. {start} and {end} are seconds (1 decimal in SFT targets, "
-                  "2 in guided answers, the precision the prompt asks for); {sentence} is the query."},
+                  "with gt_guidance, the guided answer. {start} and {end} are seconds, written with "
+                  "video_grpo.configs.ANSWER_DECIMALS (1) places in both, so the guided answer has the precision "
+                  "the cold start teaches the policy; {sentence} is the query."},
     )
 
     def __post_init__(self) -> None:

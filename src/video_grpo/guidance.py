@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from video_grpo.configs import ANSWER_DECIMALS
 from video_grpo.grpo_math import shaped_advantages, tempsamp_shape
 from video_grpo.rewards import render_answer
 
@@ -26,11 +27,13 @@ def guided_mask(process_index: int, local_rows: int, group_size: int) -> list[bo
     return [(start + i) % group_size == group_size - 1 for i in range(local_rows)]
 
 
-def guided_completion_ids(tokenizer, row: dict, template: str, eos_token_id: int) -> list[int]:
-    """The guided answer's tokens: the row's annotated span (2 decimals, as the prompt asks) in ``template``,
-    then end-of-turn, as a sampled answer would end."""
+def guided_completion_ids(tokenizer, row: dict, template: str, eos_token_id: int,
+                          decimals: int = ANSWER_DECIMALS) -> list[int]:
+    """The guided answer's tokens: the row's annotated span in ``template``, then end-of-turn, as a sampled answer
+    would end. The span has ``decimals`` places, by default ``ANSWER_DECIMALS``, the cold start's precision: the
+    guided answer is then one the policy could have sampled, not a digit pattern it never writes."""
     start, end = row["solution"]
-    text = render_answer(template, start, end, row.get("sentence", ""), decimals=2)
+    text = render_answer(template, start, end, row.get("sentence", ""), decimals=decimals)
     return tokenizer(text, add_special_tokens=False)["input_ids"] + [eos_token_id]
 
 

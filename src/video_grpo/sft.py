@@ -19,7 +19,7 @@ import torch
 from transformers import AutoProcessor, set_seed
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
-from video_grpo.configs import GRPOScriptArguments
+from video_grpo.configs import ANSWER_DECIMALS, GRPOScriptArguments
 from video_grpo.data import build_datasets
 from video_grpo.families import ModelFamily, family_of_model
 from video_grpo.processing import encode_rows, video_token_types
@@ -36,9 +36,10 @@ class SFTScriptArguments(GRPOScriptArguments):
 class VideoSFTCollator:
     """Rows -> prompt (with video) + target answer; the loss covers the answer tokens only."""
 
-    def __init__(self, processor, answer_template: str, family: ModelFamily) -> None:
+    def __init__(self, processor, answer_template: str, family: ModelFamily, decimals: int = ANSWER_DECIMALS) -> None:
         self.processor = processor
         self.answer_template = answer_template
+        self.decimals = decimals  # the same precision as gt_guidance's guided answers (configs.ANSWER_DECIMALS)
         self.family = family
         tokenizer = processor.tokenizer
         self.end_ids = tokenizer("<|im_end|>\n", add_special_tokens=False)["input_ids"]
@@ -47,7 +48,7 @@ class VideoSFTCollator:
 
     def answer(self, row: dict) -> str:
         start, end = row["solution"]
-        return render_answer(self.answer_template, start, end, row["sentence"], decimals=1)
+        return render_answer(self.answer_template, start, end, row["sentence"], decimals=self.decimals)
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         encoded = encode_rows(self.processor, rows, self.family)
