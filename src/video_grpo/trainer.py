@@ -26,6 +26,7 @@ from trl import GRPOTrainer
 from video_grpo.encoder import install
 from video_grpo.families import detect_family
 from video_grpo.guidance import group_advantages, guided_completion_ids, guided_mask
+from video_grpo.prefix import PackedRows, pack_rows, unsupported_reason
 from video_grpo.processing import (
     VIDEO_FLOAT_INPUTS,
     encode_rows,
@@ -67,13 +68,26 @@ def shuffle_whole_groups(group_size: int):
         grpo_module.shuffle_sequence_dict = row_shuffle
 
 
+def resolve_shared_prefix(requested: bool | None, config) -> bool:
+    """``shared_prefix`` after checking the model: None turns it on where it is exact (one warning otherwise)."""
+    reason = unsupported_reason(config)
+    if reason is None:
+        return requested is not False
+    if requested:
+        raise ValueError(f"shared_prefix: cannot be exact here: {reason}. Set shared_prefix: false.")
+    if requested is None:
+        logger.warning(f"shared_prefix is off: {reason}. Each answer's row carries its own copy of the prompt.")
+    return False
+
+
 class VideoGRPOTrainer(GRPOTrainer):
     """GRPO for video-language models. Dataset rows need ``prompt``, ``video_frames`` and ``video_metadata``
     (see :mod:`video_grpo.data`)."""
 
     def __init__(self, *args, grounding_eval_samples: int | None = 64, max_bad_sample_fraction: float = 0.05,
                  freeze_vision_tower: bool = False, encode_video_once: bool = True, gt_guidance: bool = False,
-                 advantage_shaping: str = "none", answer_template: str = DEFAULT_ANSWER_TEMPLATE, **kwargs) -> None:
+                 advantage_shaping: str = "none", answer_template: str = DEFAULT_ANSWER_TEMPLATE,
+                 shared_prefix: bool | None = None, **kwargs) -> None:
         """
         grounding_eval_samples: how many eval queries ``evaluate()`` answers greedily for R1@m / mIoU
             (None: all of them, 0: skip).
@@ -84,6 +98,9 @@ class VideoGRPOTrainer(GRPOTrainer):
             tower, once per generation batch) instead of once per row; see ``video_grpo.encoder``.
         gt_guidance, advantage_shaping, answer_template: ground-truth-guided groups (TempSamp-R1); see
             ``video_grpo.guidance``.
+        shared_prefix: old-policy, reference and loss forwards run each prompt through the language model once
+            per micro-batch (``video_grpo.prefix``). None: on where that is exact, else off with one warning;
+            True: on, and an error where it cannot be exact; False: off.
         """
         super().__init__(*args, **kwargs)
         self.gt_guidance = gt_guidance
@@ -112,6 +129,11 @@ class VideoGRPOTrainer(GRPOTrainer):
                 ref = self.accelerator.unwrap_model(self.ref_model) if self.is_deepspeed_enabled else self.ref_model
                 self.ref_video_encoder = install(ref, reuse_across_calls=frozen,
                                                  share_cache_with=self.video_encoder if frozen else None)
+        self.shared_prefix = resolve_shared_prefix(shared_prefix, base.config)
+        self._language_model = base.model  # its get_rope_index lays out the packed rows' positions
+        self._eager_attention = getattr(base.config, "_attn_implementation", None) == "eager"
+        self.prefix_positions = [0, 0]  # (plain, packed) token positions of the shared-prefix forwards so far
+        self._warned_unpackable = False
         config = self.model.config
         self.video_token_id = config.video_token_id
         # TRL suppresses only <|image_pad|>; a sampled <|video_pad|> would break the next forward.
@@ -313,6 +335,14 @@ class VideoGRPOTrainer(GRPOTrainer):
                 ids, mask = input_ids[start:end], attention_mask[start:end]
                 model_inputs = {"input_ids": ids, "attention_mask": mask,
                                 **video_kwargs(self._video_rows, slice(start, end), ids, self.video_token_id)}
+                packed = self._pack(ids, mask, logits_to_keep, slice(start, end)) if not compute_aux_loss else None
+                if packed is not None:
+                    with self.accelerator.autocast():
+                        outputs = model(**packed.model_inputs, shift_labels=packed.shift_labels, fused_lm_head=True)
+                    all_logps.append(packed.unpack(outputs.log_probs))
+                    if compute_entropy:
+                        all_entropies.append(packed.unpack(outputs.entropy))
+                    continue
                 if compute_aux_loss:
                     model_inputs["output_router_logits"] = True
                 labels = ids.masked_fill(mask == 0, -100)
@@ -328,6 +358,22 @@ class VideoGRPOTrainer(GRPOTrainer):
         entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
         aux_loss = torch.stack(all_aux).mean() if compute_aux_loss else None
         return logps, entropies, aux_loss
+
+    def _pack(self, ids: torch.Tensor, mask: torch.Tensor, completion_length: int, rows: slice) -> PackedRows | None:
+        """The rows packed by shared prompt (``video_grpo.prefix``), or None for the plain forward."""
+        if not self.shared_prefix:
+            return None
+        packed = pack_rows(ids, mask, completion_length, self._video_rows, rows, self._language_model.get_rope_index,
+                           self.video_token_id, self._tokenizer.pad_token_id, torch.float32 if self._eager_attention else None)
+        if packed is None:
+            if not self._warned_unpackable:
+                self._warned_unpackable = True
+                logger.warning("shared_prefix: a micro-batch is not laid out as left-padded prompts and right-padded "
+                               "completions; it runs the plain forward (exact, without the saving).")
+            return None
+        self.prefix_positions[0] += packed.plain_positions
+        self.prefix_positions[1] += packed.packed_positions
+        return packed
 
     @contextlib.contextmanager
     def _cached_video_features(self):

@@ -1,0 +1,226 @@
+"""Shared-prefix forwards (video_grpo.prefix): each prompt once per micro-batch, exactly the plain path's numbers.
+
+Every comparison runs the real trainer twice on the same rows, ``shared_prefix`` off and on, in fp32: the
+old-policy and reference log-probs from ``_generate_and_score_completions``, then the loss forward and its
+backward (every parameter's gradient, vision tower included). Each also counts the token positions the
+packed forwards carried, so a test cannot pass with the optimisation silently off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from peft import LoraConfig
+
+from video_grpo.data import build_dataset
+from video_grpo.prefix import pack_rows, segment_mask, unsupported_reason
+
+from .test_trainer import SAMPLING, make_trainer
+
+QWEN3_SAMPLING = dataclasses.replace(SAMPLING, min_pixels=1024, max_pixels=64 * 64, size_multiple=32)
+
+
+def family_dataset(train_file, family: str):
+    return build_dataset(train_file, sampling=SAMPLING if family == "qwen2_5_vl" else QWEN3_SAMPLING)
+
+LOGP_TOL, LOSS_RTOL, GRAD_RTOL = 1e-5, 1e-6, 1e-4
+
+
+@pytest.fixture(scope="module")
+def dataset(train_file):
+    return build_dataset(train_file, sampling=SAMPLING)
+
+
+def micro_batch(output: dict, rows: slice) -> dict:
+    """Rows of a generation batch, as TRL's split hands them to the loss."""
+    def take(value):
+        if isinstance(value, torch.Tensor) and value.ndim > 0 or isinstance(value, list):
+            return value[rows]
+        return value
+
+    return {key: take(value) for key, value in output.items()}
+
+
+def generate(trainer, shared: bool, seed: int = 0) -> dict:
+    trainer.shared_prefix = shared
+    trainer.model.train()
+    batch = next(iter(trainer.get_train_dataloader()))
+    torch.manual_seed(seed)
+    return trainer._generate_and_score_completions(batch)
+
+
+def loss_and_grads(trainer, inputs: dict, shared: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    trainer.shared_prefix = shared
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's training loop
+    trainer.model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+def assert_same_grads(shared: dict, plain: dict, tower_trains: bool) -> None:
+    assert plain and shared.keys() == plain.keys()
+    assert any(".visual." in name for name in plain) == tower_trains
+    for name, grad in plain.items():
+        scale = grad.abs().max().clamp(min=1e-12)
+        error = (shared[name] - grad).abs().max() / scale
+        assert error <= GRAD_RTOL, f"{name}: relative gradient error {error:.2e}"
+
+
+def assert_same_loss_and_grads(trainer, inputs: dict, tower_trains: bool = True) -> None:
+    # Tiny random models rarely earn different rewards within a group; give the rows real advantages so the
+    # loss and its gradients are not zero.
+    inputs = {**inputs, "advantages": torch.linspace(-1.0, 1.5, inputs["advantages"].shape[0])}
+    loss_plain, grads_plain = loss_and_grads(trainer, inputs, shared=False)
+    before = list(trainer.prefix_positions)
+    loss_shared, grads_shared = loss_and_grads(trainer, inputs, shared=True)
+    assert trainer.prefix_positions[1] > before[1], "the loss forward did not pack"
+    assert loss_plain.abs() > 1e-3
+    assert abs(loss_shared - loss_plain) <= LOSS_RTOL * abs(loss_plain), (loss_shared, loss_plain)
+    assert_same_grads(grads_shared, grads_plain, tower_trains)
+
+
+CASES = {
+    # two prompts per micro-batch, reference copy, old-policy pass, two micro-batches per generation
+    "beta_ref_copy-num_iterations2-two_prompts": dict(
+        overrides={"beta": 0.04, "num_iterations": 2, "steps_per_generation": 2, "per_device_train_batch_size": 4,
+                   "num_generations": 2, "gradient_checkpointing": True}),
+    # half a group per micro-batch, LoRA (reference = adapter off), frozen tower
+    "beta_lora-half_group-frozen_tower": dict(
+        overrides={"beta": 0.04, "steps_per_generation": 2, "per_device_train_batch_size": 2, "num_generations": 4},
+        trainer_kwargs={"freeze_vision_tower": True,
+                        "peft_config": LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])}),
+    "beta0-qwen3_vl": dict(family="qwen3_vl", overrides={"per_device_train_batch_size": 4, "num_generations": 4,
+                                                           "num_iterations": 2}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_shared_prefix_matches_plain_path(case, tiny_model_dir, family_model, dataset, train_file, tmp_path):
+    spec = CASES[case]
+    model_dir = family_model(spec["family"]) if "family" in spec else tiny_model_dir
+    data = dataset if "family" not in spec else family_dataset(train_file, spec["family"])
+    trainer = make_trainer(model_dir, data, tmp_path, max_completion_length=12,
+                           trainer_kwargs=spec.get("trainer_kwargs"), **spec["overrides"])
+    assert trainer.shared_prefix
+    plain = generate(trainer, shared=False)
+    shared = generate(trainer, shared=True)
+    assert torch.equal(plain["completion_ids"], shared["completion_ids"])
+    compared = 0
+    for key in ("old_per_token_logps", "ref_per_token_logps"):
+        if plain.get(key) is not None:
+            torch.testing.assert_close(shared[key], plain[key], rtol=0, atol=LOGP_TOL)
+            compared += 1
+    assert compared == (int(trainer.num_iterations > 1 or trainer.args.steps_per_generation > 1)
+                        + int(trainer.beta != 0))
+    assert trainer.prefix_positions[1] < trainer.prefix_positions[0]
+    size = trainer.args.per_device_train_batch_size
+    for start in range(0, plain["completion_ids"].shape[0], size):
+        assert_same_loss_and_grads(trainer, micro_batch(plain, slice(start, start + size)),
+                                   tower_trains=not spec.get("trainer_kwargs", {}).get("freeze_vision_tower"))
+
+
+def test_answer_shapes_and_entropies(tiny_model_dir, dataset, tmp_path):
+    """One micro-batch with a 1-token answer, an EOS-terminated one, a clipped one and a fully masked one."""
+    trainer = make_trainer(tiny_model_dir, dataset, tmp_path, max_completion_length=10, per_device_train_batch_size=4,
+                           num_generations=4)
+    inputs = micro_batch(generate(trainer, shared=False), slice(0, 4))
+    ids, mask = inputs["completion_ids"].clone(), torch.zeros_like(inputs["completion_mask"])
+    eos = trainer.eos_token_ids[0]
+    mask[0, :1] = 1  # one token
+    ids[1, 3] = eos
+    mask[1, :4] = 1  # EOS-terminated
+    mask[2, :] = 1  # clipped at max_completion_length
+    ids[2] = torch.where(ids[2] == eos, ids[2] + 1, ids[2])
+    # row 3 stays fully masked, as mask_truncated_completions leaves a clipped answer
+    inputs.update(completion_ids=ids, completion_mask=mask)
+    full_ids = torch.cat([inputs["prompt_ids"], ids], dim=1)
+    full_mask = torch.cat([inputs["prompt_mask"], mask], dim=1)
+    results = {}
+    for shared in (False, True):
+        trainer.shared_prefix = shared
+        trainer._video_rows = {key: inputs[key] for key in ("video_pixels", "video_grid_thw", "second_per_grid_ts")}
+        with torch.no_grad():
+            results[shared] = trainer._get_per_token_logps_and_entropies(
+                trainer.model, full_ids, full_mask, ids.shape[1], compute_entropy=True)
+        trainer._video_rows = None
+    for got, want in zip(results[True][:2], results[False][:2], strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=LOGP_TOL)
+    assert (results[True][0][3] == 0).all() and (results[True][0][0, 1:] == 0).all()
+    assert_same_loss_and_grads(trainer, inputs)
+
+
+def no_leak(trainer, inputs: dict) -> torch.Tensor:
+    """Largest change in rows 1.. log-probs when row 0's answer tokens are replaced."""
+    def logps(completion_ids):
+        full_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        full_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        trainer._video_rows = {key: inputs[key] for key in inputs if key in
+                               ("video_pixels", "video_grid_thw", "second_per_grid_ts")}
+        with torch.no_grad():
+            out = trainer._get_per_token_logps_and_entropies(trainer.model, full_ids, full_mask,
+                                                             completion_ids.shape[1])[0]
+        trainer._video_rows = None
+        return out
+
+    ids = inputs["completion_ids"]
+    changed = ids.clone()
+    changed[0] = (changed[0] + 7) % 100 + 20
+    return (logps(changed)[1:] - logps(ids)[1:]).abs().max()
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
+def test_no_answer_sees_another(family, family_model, train_file, tmp_path):
+    """Rows 1.. of one group must not move when row 0's answer changes, in every family, with the default."""
+    data = family_dataset(train_file, family)
+    trainer = make_trainer(family_model(family), data, tmp_path, per_device_train_batch_size=4, num_generations=4,
+                           max_completion_length=8)
+    inputs = micro_batch(generate(trainer, shared=trainer.shared_prefix), slice(0, 4))
+    inputs["completion_mask"] = torch.ones_like(inputs["completion_mask"])
+    packed_before = trainer.prefix_positions[1]
+    assert no_leak(trainer, inputs) == 0
+    assert trainer.prefix_positions[1] > packed_before or family == "qwen3_5"
+    assert trainer.shared_prefix == (family != "qwen3_5")
+
+
+def test_packing_would_leak_through_linear_attention(family_model, train_file, tmp_path):
+    """Why Qwen3.5 is refused: forced on, a Gated DeltaNet state carries row 0's answer into the others."""
+    data = family_dataset(train_file, "qwen3_5")
+    trainer = make_trainer(family_model("qwen3_5"), data, tmp_path, per_device_train_batch_size=4, num_generations=4,
+                           max_completion_length=8)
+    assert "Gated DeltaNet" in unsupported_reason(trainer.model.config)
+    inputs = micro_batch(generate(trainer, shared=False), slice(0, 4))
+    inputs["completion_mask"] = torch.ones_like(inputs["completion_mask"])
+    trainer.shared_prefix = True  # what the refusal prevents
+    assert no_leak(trainer, inputs) > 1e-4
+
+
+def test_explicit_shared_prefix_is_refused_where_inexact(family_model, train_file, tmp_path):
+    data = family_dataset(train_file, "qwen3_5")
+    with pytest.raises(ValueError, match="shared_prefix: cannot be exact here: .*Gated DeltaNet.*shared_prefix: false"):
+        make_trainer(family_model("qwen3_5"), data, tmp_path, trainer_kwargs={"shared_prefix": True})
+
+
+def test_segment_mask():
+    segments = torch.tensor([[-1, -1, 0, 0, 1, 1, -2]])
+    allowed = segment_mask(segments)[0, 0].int()
+    assert allowed.tolist() == [
+        [1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 0, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 1, 0],
+        [1, 1, 0, 0, 0, 0, 1],
+    ]
+
+
+def test_unpackable_layout_is_reported_not_guessed():
+    """A prompt padded on the right is not the TRL layout: pack_rows declines instead of guessing."""
+    ids = torch.tensor([[5, 6, 7, 0, 9, 9]])
+    mask = torch.tensor([[1, 1, 1, 0, 1, 1]])
+    rows = {"video_pixels": [torch.zeros(1, 1)], "video_grid_thw": torch.tensor([[1, 2, 2]])}
+    assert pack_rows(ids, mask, 2, rows, slice(0, 1), None, 99, 0) is None
