@@ -6,7 +6,9 @@ probes that only observe. Each rank writes ``<output_dir>/probe.rank<R>.json``:
 - ``generation_seconds`` / ``later_seconds``: the ``second_per_grid_ts`` values (and dtypes) each side got;
 - ``encoder_runs`` / ``generation_batches``: vision-tower forwards (policy and reference) and generation batches,
   during training and during evaluation;
-- ``eval_metrics``: what ``evaluate()`` returned (eval_strategy steps runs it during training too).
+- ``eval_metrics``: what ``evaluate()`` returned (eval_strategy steps runs it during training too);
+- ``shared_prefix``: whether the trainer packed rows by prompt, and the token positions the packed forwards
+  carried against what the plain forwards would have (``video_grpo.prefix``).
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ class ProbeTrainer(entry.VideoGRPOTrainer):
 
     def train(self, *args, **kwargs):
         result = super().train(*args, **kwargs)
+        RECORD["shared_prefix"] = {"on": self.shared_prefix, "plain_positions": self.prefix_positions[0],
+                                   "packed_positions": self.prefix_positions[1]}
         out = Path(self.args.output_dir) / f"probe.rank{self.accelerator.process_index}.json"
         out.write_text(json.dumps(RECORD, default=dict))
         return result

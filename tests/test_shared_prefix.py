@@ -224,3 +224,21 @@ def test_unpackable_layout_is_reported_not_guessed():
     mask = torch.tensor([[1, 1, 1, 0, 1, 1]])
     rows = {"video_pixels": [torch.zeros(1, 1)], "video_grid_thw": torch.tensor([[1, 2, 2]])}
     assert pack_rows(ids, mask, 2, rows, slice(0, 1), None, 99, 0) is None
+
+
+@pytest.mark.parametrize(("family", "attention", "why"), [
+    ("qwen3_5", "sdpa", "Gated DeltaNet"),
+    ("qwen2_5_vl", "flash_attention_2", "takes no custom 4-D attention mask"),
+    ("qwen3_vl", "flex_attention", "takes no custom 4-D attention mask"),
+])
+def test_recipe_validation_refuses_before_the_model_loads(family, attention, why, family_model):
+    from types import SimpleNamespace
+
+    from video_grpo.configs import check_shared_prefix
+
+    model_args = SimpleNamespace(model_name_or_path=str(family_model(family)), model_revision=None,
+                                 attn_implementation=attention)
+    with pytest.raises(ValueError, match=f"shared_prefix: true cannot be exact here: .*{why}.*shared_prefix: false"):
+        check_shared_prefix(model_args)
+    check_shared_prefix(SimpleNamespace(model_name_or_path=str(family_model("qwen2_5_vl")), model_revision=None,
+                                        attn_implementation="sdpa"))  # supported: no error

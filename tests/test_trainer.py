@@ -67,7 +67,7 @@ class ForwardProbe:
     def _on_forward(self, module, args, kwargs):
         self.forwards.append({"grad": torch.is_grad_enabled(), **{
             k: kwargs.get(k) for k in ("input_ids", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts",
-                                       "mm_token_type_ids")},
+                                       "mm_token_type_ids", "position_ids")},
                               # generate() runs the encoder up front and passes its output instead of pixels
                               "sees_video": kwargs.get("pixel_values_videos") is not None
                               or (kwargs.get("mm_encoder_outputs") or {}).get("video") is not None})
@@ -143,9 +143,11 @@ def test_time_comes_from_sampled_fps_and_positions_match_generation(tiny_model_d
     probe = ForwardProbe(trainer.model)
     trainer.train()
 
-    expected = sorted(2 / sampled_fps(x["video_metadata"]) for x in seen_inputs)
-    got = sorted(t for f in probe.loss_forwards for t in f["second_per_grid_ts"].tolist())
+    expected = sorted({2 / sampled_fps(x["video_metadata"]) for x in seen_inputs})
+    # shared_prefix (the default) packs a micro-batch's rows by prompt: one value per prompt, not per row
+    got = sorted({t for f in probe.loss_forwards for t in f["second_per_grid_ts"].tolist()})
     assert got == pytest.approx(expected, rel=1e-5)
+    assert all(f["position_ids"] is not None for f in probe.loss_forwards)
     assert got == pytest.approx([2 / fps] * len(got), rel=0.1)  # not the processor's 24-fps default
     for f in probe.loss_forwards:
         assert torch.equal(f["mm_token_type_ids"] == 2, f["input_ids"] == trainer.video_token_id)
@@ -170,6 +172,13 @@ def assert_loss_positions_equal_generation(probe: ForwardProbe) -> None:
             positions = call["positions"][:, row, call["attention_mask"][row].bool()][:, : len(prompt)]
             assert torch.equal(positions, gen_rows[prompt])
             assert positions[0].max() > positions[1].max() or positions[0].unique().numel() > 1  # real time axis
+    # Packed rows (shared_prefix): the positions the forward was given start with a prompt's, token for token
+    packed = [f for f in probe.loss_forwards if f["position_ids"] is not None]
+    for forward in packed:
+        for row in range(forward["input_ids"].shape[0]):
+            ids = forward["input_ids"][row].tolist()
+            prompt = next(p for p in gen_rows if tuple(ids[: len(p)]) == p)
+            assert torch.equal(forward["position_ids"][:, row, : len(prompt)], gen_rows[prompt])
 
 
 def test_batch_of_videos_with_different_lengths(tiny_model_dir, train_file, tmp_path):
@@ -183,7 +192,8 @@ def test_batch_of_videos_with_different_lengths(tiny_model_dir, train_file, tmp_
     trainer.train()
     frames_per_row = {int(t) for f in probe.loss_forwards for t in f["video_grid_thw"][:, 0]}
     assert len(frames_per_row) == 2, f"expected two different video lengths in one batch, got {frames_per_row}"
-    assert all(f["input_ids"].shape[0] == 4 for f in probe.loss_forwards)
+    # 4 rows = 2 prompts x 2 answers; shared_prefix packs them into one row per prompt
+    assert all(f["input_ids"].shape[0] == 2 for f in probe.loss_forwards)
 
 
 @pytest.mark.parametrize(

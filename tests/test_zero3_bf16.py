@@ -68,6 +68,9 @@ def test_zero3_bf16_frozen_tower_time_encoder_and_uneven_eval(tiny_model_dir, tm
         assert set(probe["later_seconds"]) <= set(seconds)
         assert not any("bfloat16" in key for key in probe["dtypes"] if "second_per_grid_ts" in key), probe["dtypes"]
         assert probe["rows_compared"] >= 8 and probe["rows_differing"] == 0, probe
+        # ... with shared_prefix on (the default): the positions compared above are the packed rows' prompts
+        packed = probe["shared_prefix"]
+        assert packed["on"] and 0 < packed["packed_positions"] < packed["plain_positions"], packed
         # Training: one generation batch (steps_per_generation 2, max_steps 2), one run of the frozen tower.
         assert probe["generation_batches"]["train"] == 1
         assert probe["encoder_runs"]["train"] == probe["generation_batches"]["train"], probe

@@ -73,6 +73,14 @@ class GRPOScriptArguments:
     freeze_vision_tower: bool = field(
         default=False, metadata={"help": "Train the language model only; the vision encoder keeps its weights."}
     )
+    shared_prefix: bool | None = field(
+        default=None,
+        metadata={"help": "Run each prompt through the language model once per micro-batch in the old-policy, "
+                  "reference and loss forwards, its G answers attending to that one copy (exact; see README "
+                  "'Shared prompt'). Unset (the default): on where it is exact (Qwen2.5-VL, Qwen3-VL with sdpa or "
+                  "eager attention), off with one warning elsewhere. true: on, or an error before the model loads. "
+                  "false: off."},
+    )
     frame_cache_dir: str | None = field(
         default=None,
         metadata={"help": "Directory of pre-decoded frames written by `python -m video_grpo.preprocess`. Used when "
@@ -253,6 +261,24 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
 
     family = family_of_model(model_args.model_name_or_path, model_args.model_revision, training_args.trust_remote_code)
     check_video_budget(script_args, family)
+    if script_args.shared_prefix:
+        check_shared_prefix(model_args, training_args.trust_remote_code)
+
+
+def check_shared_prefix(model_args, trust_remote_code: bool = False) -> None:
+    """``shared_prefix: true`` where it cannot be exact fails here, before the weights load."""
+    from transformers import AutoConfig
+
+    from video_grpo.prefix import unsupported_reason
+
+    config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
+                                        trust_remote_code=trust_remote_code)
+    reason = unsupported_reason(config, model_args.attn_implementation or "sdpa")
+    if reason:
+        raise ValueError(f"shared_prefix: true cannot be exact here: {reason}. Set shared_prefix: false (or leave it "
+                         "unset, which turns it off here with a warning)"
+                         + ("" if "attn_implementation" not in reason else ", or use attn_implementation: sdpa") + ".")
+
 
 
 def check_video_budget(script_args: GRPOScriptArguments, family) -> None:

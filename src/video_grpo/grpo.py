@@ -106,6 +106,7 @@ def build_trainer(script_args: GRPOScriptArguments, training_args: GRPOConfig,
         gt_guidance=script_args.gt_guidance,
         advantage_shaping=script_args.advantage_shaping,
         answer_template=script_args.answer_template,
+        shared_prefix=script_args.shared_prefix,
     )
 
 

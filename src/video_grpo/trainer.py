@@ -305,10 +305,15 @@ class VideoGRPOTrainer(GRPOTrainer):
     # Why: the loss forward gets its rows' video back (TRL passes only image tensors).
     def _compute_loss(self, model, inputs: dict[str, Any]):
         self._video_rows = {key: inputs[key] for key in video_row_keys(self.family)}
+        plain, packed = self.prefix_positions
         try:
-            return super()._compute_loss(model, inputs)
+            loss = super()._compute_loss(model, inputs)
         finally:
             self._video_rows = None
+        if self.prefix_positions[0] > plain:  # the share of the plain forward's token positions this one carried
+            ratio = (self.prefix_positions[1] - packed) / (self.prefix_positions[0] - plain)
+            self._metrics["train" if self.model.training else "eval"]["shared_prefix/position_ratio"].append(ratio)
+        return loss
 
     # Why: TRL slices only image tensors per chunk; we slice the rows' video tensors the same way.
     def _get_per_token_logps_and_entropies(
