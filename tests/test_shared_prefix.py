@@ -44,7 +44,7 @@ def micro_batch(output: dict, rows: slice) -> dict:
 
 
 def generate(trainer, shared: bool, seed: int = 0) -> dict:
-    trainer.shared_prefix = shared
+    trainer.shared_prefix = trainer.shared_prefill = shared
     trainer.model.train()
     batch = next(iter(trainer.get_train_dataloader()))
     torch.manual_seed(seed)
@@ -59,6 +59,20 @@ def loss_and_grads(trainer, inputs: dict, shared: bool) -> tuple[torch.Tensor, d
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
     return loss.detach(), grads
+
+
+def prefill_rows(model) -> list[int]:
+    """Rows of every language-model forward without grad that carries more than one token (a prefill)."""
+    rows = []
+
+    def record(module, args, kwargs):
+        embeds = kwargs["inputs_embeds"]
+        if embeds.shape[1] > 1 and kwargs.get("use_cache"):  # not the scoring forwards, which cache nothing
+            rows.append(embeds.shape[0])
+
+    language = (model.get_base_model() if hasattr(model, "get_base_model") else model).model.language_model
+    language.register_forward_pre_hook(record, with_kwargs=True)
+    return rows
 
 
 def assert_same_grads(shared: dict, plain: dict, tower_trains: bool) -> None:
@@ -105,10 +119,15 @@ def test_shared_prefix_matches_plain_path(case, tiny_model_dir, family_model, da
     data = dataset if "family" not in spec else family_dataset(train_file, spec["family"])
     trainer = make_trainer(model_dir, data, tmp_path, max_completion_length=12,
                            trainer_kwargs=spec.get("trainer_kwargs"), **spec["overrides"])
-    assert trainer.shared_prefix
+    assert trainer.shared_prefix and trainer.shared_prefill
+    prefills = prefill_rows(trainer.model)
     plain = generate(trainer, shared=False)
+    plain_prefills = list(prefills)
     shared = generate(trainer, shared=True)
+    # the same sampled answers (same seed), generated with one prefill row per prompt instead of one per answer
     assert torch.equal(plain["completion_ids"], shared["completion_ids"])
+    rows = plain["completion_ids"].shape[0]
+    assert plain_prefills == [rows] and prefills[1:] == [rows // trainer.num_generations], prefills
     compared = 0
     for key in ("old_per_token_logps", "ref_per_token_logps"):
         if plain.get(key) is not None:

@@ -32,7 +32,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from video_grpo import prefill
 from video_grpo.families import detect_family, family_of_model
+from video_grpo.prefix import stateful_layers
 from video_grpo.processing import encode_rows, generation_inputs, vision_placeholder_ids
 from video_grpo.rewards import answer_block, completion_text, parse_span_in, temporal_iou
 
@@ -112,8 +114,11 @@ def read_predictions(path: str | Path) -> list[dict]:
 
 @torch.no_grad()
 def generate_answers(model, processor, rows: list[dict], max_new_tokens: int = 256, do_sample: bool = False,
-                     temperature: float = 1.0) -> list[str]:
-    """Answers for a batch of dataset rows, through the same processing as training."""
+                     temperature: float = 1.0, shared_prefill: bool = True) -> list[str]:
+    """Answers for a batch of dataset rows, through the same processing as training.
+
+    ``shared_prefill``: rows that repeat a query (k samples per query) prefill its prompt once
+    (:mod:`video_grpo.prefill`); models with sequence-state layers (Qwen3.5) always take the plain path."""
     config = model.config
     tokenizer = processor.tokenizer
     encoded = encode_rows(processor, rows, detect_family(config))
@@ -124,7 +129,10 @@ def generate_answers(model, processor, rows: list[dict], max_new_tokens: int = 2
         kwargs["temperature"] = temperature
     else:
         kwargs.update(temperature=None, top_p=None, top_k=None)
-    output = model.generate(**inputs, **kwargs)
+    if shared_prefill and not stateful_layers(config):
+        output = prefill.generate(model, **inputs, **kwargs)
+    else:
+        output = model.generate(**inputs, **kwargs)
     return processor.batch_decode(output[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
@@ -195,7 +203,8 @@ def generate_parts(args: argparse.Namespace, dataset, ids: list[str], out_dir: P
             try:
                 fetched = dict(zip(unique, dataset.__getitems__(unique), strict=True))
                 rows = [fetched[i] for i, _ in items]
-                outputs = generate_answers(model, processor, rows, args.max_new_tokens, args.do_sample, args.temperature)
+                outputs = generate_answers(model, processor, rows, args.max_new_tokens, args.do_sample, args.temperature,
+                                           getattr(args, "shared_prefill", True))
                 records = [prediction_record(row, output) for row, output in zip(rows, outputs, strict=True)]
             except VideoReadError as err:  # one bad video must not end the run: it scores 0, in the denominator
                 plain = dict(zip(unique, dataset.select(unique).with_format(None), strict=True))
@@ -266,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--max_new_tokens", type=int, default=256)
     run.add_argument("--do_sample", action="store_true", help="sample instead of greedy decoding")
     run.add_argument("--temperature", type=float, default=1.0)
+    run.add_argument("--shared_prefill", type=lambda v: v.lower() in ("1", "true", "yes"), default=True,
+                     help="prefill a query's prompt once for its k sampled answers (true/false; exact)")
     run.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     score = sub.add_parser("score", help="recompute metrics from a predictions file (no model)")
     score.add_argument("--predictions", required=True)

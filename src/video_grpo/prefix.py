@@ -37,14 +37,21 @@ from video_grpo.processing import TIME_INPUTS, video_token_types
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # take a custom 4-D mask as it is
 
 
-def unsupported_reason(config, attn_implementation: str | None = None) -> str | None:
-    """Why ``shared_prefix`` cannot be exact for this model config and attention backend, or None when it can."""
+def stateful_layers(config) -> list[str]:
+    """Layer types that carry a state along the sequence (Qwen3.5's Gated DeltaNet ``linear_attention``)."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    other_layers = set(getattr(text_config, "layer_types", None) or []) - {"full_attention"}
-    if other_layers:
-        return (f"{config.model_type} has {sorted(other_layers)} layers: linear attention (Gated DeltaNet) carries a "
-                "state along the sequence and a sliding window ignores a custom mask, so in a packed row one answer "
-                "could read another")
+    kinds = set(getattr(text_config, "layer_types", None) or [])
+    return sorted(kinds - {"full_attention", "sliding_attention"})
+
+
+def unsupported_reason(config, attn_implementation: str | None = None) -> str | None:
+    """Why a packed shared-prefix forward cannot be exact for this model and attention backend, or None."""
+    if stateful_layers(config):
+        return (f"{config.model_type} has {stateful_layers(config)} layers (Gated DeltaNet), which carry a state "
+                "along the sequence, so in a packed row one answer would read another through it")
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if "sliding_attention" in (getattr(text_config, "layer_types", None) or []):
+        return "sliding-window layers ignore a custom attention mask"
     implementation = attn_implementation or getattr(config, "_attn_implementation", None) or "sdpa"
     if implementation not in SUPPORTED_ATTENTION:
         return (f"attn_implementation={implementation!r} takes no custom 4-D attention mask; shared_prefix needs "

@@ -26,7 +26,8 @@ from trl import GRPOTrainer
 from video_grpo.encoder import install
 from video_grpo.families import detect_family
 from video_grpo.guidance import group_advantages, guided_completion_ids, guided_mask
-from video_grpo.prefix import PackedRows, pack_rows, unsupported_reason
+from video_grpo.prefill import one_prefill_per_prompt
+from video_grpo.prefix import PackedRows, pack_rows, stateful_layers, unsupported_reason
 from video_grpo.processing import (
     VIDEO_FLOAT_INPUTS,
     encode_rows,
@@ -130,6 +131,8 @@ class VideoGRPOTrainer(GRPOTrainer):
                 self.ref_video_encoder = install(ref, reuse_across_calls=frozen,
                                                  share_cache_with=self.video_encoder if frozen else None)
         self.shared_prefix = resolve_shared_prefix(shared_prefix, base.config)
+        # One prefill per prompt in generate: exact with any attention backend, not with sequence-state layers
+        self.shared_prefill = shared_prefix is not False and not stateful_layers(base.config)
         self._language_model = base.model  # its get_rope_index lays out the packed rows' positions
         self._eager_attention = getattr(base.config, "_attn_implementation", None) == "eager"
         self.prefix_positions = [0, 0]  # (plain, packed) token positions of the shared-prefix forwards so far
@@ -248,10 +251,13 @@ class VideoGRPOTrainer(GRPOTrainer):
         output.update({key: rows[key] for key in video_row_keys(self.family)})
         return output
 
-    # Why: with gt_guidance, the last answer of each group is the annotated span, not a sample.
+    # Why: each prompt is prefilled once for its G answers (video_grpo.prefill); with gt_guidance, the last
+    # answer of each group is the annotated span, not a sample.
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields,
-                                                                 num_generations, has_tool_images)
+        model = self.accelerator.unwrap_model(self.model_wrapped)  # what TRL's generate call runs on
+        with one_prefill_per_prompt(model) if self.shared_prefill else contextlib.nullcontext():
+            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields,
+                                                                     num_generations, has_tool_images)
         for row, ids in self._guided.items():
             completion_ids[row] = ids
         return completion_ids, logprobs

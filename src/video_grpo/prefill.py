@@ -1,0 +1,93 @@
+"""One prefill per prompt in ``generate``: the G rows that repeat a prompt decode from copies of one cache.
+
+TRL (and ``evaluate --do_sample``, ``curate``) repeat each prompt once per answer and call ``generate`` on the
+batch, so a 3,000-token video prompt is prefilled G times. :func:`generate` instead:
+
+1. finds the rows that repeat a prompt (same token ids, mask and video);
+2. runs the language model once per unique prompt, without its last token, into a cache;
+3. copies each unique prompt's cache entry to its rows (``Cache.batch_select_indices``), and the 3-D position
+   offsets (``rope_deltas``) the prefill stored with it;
+4. calls the model's own ``generate`` on the full rows with that cache and no pixels: it feeds each row's last
+   prompt token and decodes as usual.
+
+The cache holds exactly the keys and values the plain prefill computes for those positions, so greedy answers are
+the same tokens (``tests/test_shared_prefix_generation.py``). Every call makes one prefill forward and one
+``generate``, whatever the rows hold, so under ZeRO-3 every rank makes the same forward calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from video_grpo.prefix import group_rows
+from video_grpo.processing import TIME_INPUTS
+
+
+def language_backbone(model):
+    """The model's ``...VLModel`` (vision tower + language model), under PEFT too."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.model
+
+
+def unique_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, pixels: list[torch.Tensor],
+                grids: torch.Tensor, time: dict[str, torch.Tensor]) -> tuple[list[int], torch.Tensor]:
+    """(first row of each distinct prompt, index from every row to its prompt)."""
+    prompts = [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(input_ids.cpu(), attention_mask.cpu(), strict=True)]
+    extras = [(tuple(grids[i].tolist()), *(float(t[i]) for t in time.values())) for i in range(len(prompts))]
+    groups = group_rows(prompts, pixels, extras)
+    index = torch.empty(len(prompts), dtype=torch.long)
+    for number, group in enumerate(groups):
+        index[group] = number
+    return [group[0] for group in groups], index
+
+
+@torch.no_grad()
+def generate(model, generate_fn=None, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+             pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor, mm_token_type_ids: torch.Tensor,
+             **kwargs: Any):
+    """``model.generate(input_ids=..., ...)`` (``generate_fn``, default ``model.generate``) with each distinct
+    left-padded prompt prefilled once. Rows must hold one video each (how every caller here builds them)."""
+    generate_fn = generate_fn or model.generate
+    time = {key: kwargs.pop(key) for key in TIME_INPUTS if key in kwargs}
+    pixels = list(torch.split(pixel_values_videos, video_grid_thw.prod(-1).tolist()))
+    first, index = unique_rows(input_ids, attention_mask, pixels, video_grid_thw, time)
+    backbone = language_backbone(model)
+    prefill = backbone(
+        input_ids=input_ids[first, :-1],
+        attention_mask=attention_mask[first, :-1],
+        pixel_values_videos=torch.cat([pixels[i] for i in first]),
+        video_grid_thw=video_grid_thw[first],
+        mm_token_type_ids=mm_token_type_ids[first, :-1],
+        **{key: value[first] for key, value in time.items()},
+        use_cache=True,
+    )
+    cache = prefill.cache
+    index = index.to(input_ids.device)
+    cache.batch_select_indices(index)
+    backbone.rope_deltas = backbone.rope_deltas[index]
+    return generate_fn(input_ids=input_ids, attention_mask=attention_mask, mm_token_type_ids=mm_token_type_ids,
+                       cache=cache, **kwargs)
+
+
+@contextlib.contextmanager
+def one_prefill_per_prompt(model):
+    """Within the block, ``model.generate`` (as TRL calls it) prefills each distinct prompt once."""
+    original = model.generate
+    had_own = "generate" in vars(model)
+
+    def shared_generate(*args, **kwargs):
+        if args or "pixel_values_videos" not in kwargs or "mm_token_type_ids" not in kwargs:
+            return original(*args, **kwargs)  # not a video batch built by our trainer
+        return generate(model, original, **kwargs)
+
+    model.generate = shared_generate
+    try:
+        yield
+    finally:
+        if had_own:
+            model.generate = original
+        else:
+            del model.generate  # the class's method again
