@@ -1,6 +1,7 @@
 """`python -m video_grpo.bench perf --quick` runs end to end and its non-timing goals hold.
 
-Timing results (step time, cache speed-up, data wait) are printed by the benchmark, not asserted here."""
+Timing results (step time, cache speed-up, data wait) are printed by the benchmark, not asserted here; the
+cache's size and fidelity are."""
 
 from __future__ import annotations
 
@@ -24,8 +25,14 @@ def test_perf_quick():
     for line in lines:
         assert {"name", "ours", "baseline", "ratio", "unit"} <= line.keys()
     names = [line["name"] for line in lines]
-    assert names == ["vision_rows_per_step", "vision_rows_per_step", "step_time", "sample_prep_cache_vs_decode",
+    assert names == ["vision_rows_per_step", "vision_rows_per_step", "step_time", "cache_bytes_per_sample",
+                     "sample_prep_cache_vs_decode", "sample_prep_cache_vs_decode", "cache_fidelity",
                      "data_wait_fraction", "peak_memory_lora_beta"]
+    assert [line["format"] for line in lines if line["name"] == "sample_prep_cache_vs_decode"] == ["raw", "jpeg"]
+    cache_bytes = next(line for line in lines if line["name"] == "cache_bytes_per_sample")
+    assert cache_bytes["ratio"] <= 1 / 8
+    fidelity = next(line for line in lines if line["name"] == "cache_fidelity")
+    assert fidelity["ours"] >= 38 and [q["quality"] for q in fidelity["by_quality"]] == [80, 90, 95]
     rows = {line["setting"]: line["ratio"] for line in lines if line["name"] == "vision_rows_per_step"}
     assert rows["trainable"] <= 1 / 8 * 1.05 and rows["frozen"] <= 1 / 24 * 1.05
     memory = next(line for line in lines if line["name"] == "peak_memory_lora_beta")

@@ -30,7 +30,8 @@ from tqdm.auto import tqdm
 from video_grpo.annotations import DEFAULT_EXTENSIONS, AnnotationError, DataReport, load_annotations
 from video_grpo.configs import DEFAULT_PROMPT
 from video_grpo.families import FAMILIES, family_of_recipe
-from video_grpo.video import SamplingConfig, VideoReadError, load_video, probe_video, read_video
+from video_grpo.frame_cache import DEFAULT_CACHE_FORMAT, load_video
+from video_grpo.video import SamplingConfig, VideoReadError, probe_video, read_video
 
 logger = logging.getLogger(__name__)
 
@@ -55,16 +56,17 @@ class VideoTransform:
     max_replacement_tries = 32
 
     def __init__(self, sampling: SamplingConfig, prompt_template: str = DEFAULT_PROMPT, cache_dir: str | None = None,
-                 records: list[dict] | None = None):
+                 records: list[dict] | None = None, cache_format: str = DEFAULT_CACHE_FORMAT):
         self.sampling = sampling
         self.prompt_template = prompt_template
         self.cache_dir = cache_dir
         self.records = records
+        self.cache_format = cache_format
 
     def _load(self, path: str, decoded: dict):
         if path not in decoded:  # the G repeats of a prompt share one decode
             try:
-                decoded[path] = load_video(path, self.sampling, self.cache_dir)
+                decoded[path] = load_video(path, self.sampling, self.cache_dir, self.cache_format)
             except VideoReadError as err:
                 decoded[path] = err
         return decoded[path]
@@ -119,11 +121,13 @@ def build_dataset(
     cache_dir: str | None = None,
     allow_absolute_video_paths: bool = False,
     replace_bad_samples: bool = True,
+    cache_format: str = DEFAULT_CACHE_FORMAT,
 ) -> Dataset:
     """A ``Dataset`` whose rows decode their video on access. See :mod:`video_grpo.annotations` for formats.
 
     ``replace_bad_samples``: for training, a row whose video cannot be read becomes another row; evaluation
-    turns it off, so every query is answered for itself or reported as failed."""
+    turns it off, so every query is answered for itself or reported as failed. ``cache_dir`` and
+    ``cache_format``: where and in which format (:mod:`video_grpo.frame_cache`) to look for stored frames."""
     records, report = load_annotations(annotation_file, dataset_format, video_root, durations_file,
                                        tuple(video_extensions), strict, allow_absolute_video_paths)
     if max_samples is not None:
@@ -134,7 +138,7 @@ def build_dataset(
         record["row_index"] = index
     dataset = Dataset.from_list(records)
     dataset.set_transform(VideoTransform(sampling or SamplingConfig(), prompt_template, cache_dir,
-                                         records if replace_bad_samples else None))
+                                         records if replace_bad_samples else None, cache_format))
     if report.invalid_spans or report.clamped_spans or report.missing_videos:
         logger.warning(
             f"{annotation_file}: {report.records} queries; skipped {len(report.invalid_spans)} with start >= end, "
@@ -155,6 +159,7 @@ def dataset_kwargs(script_args, family) -> dict:
         "video_extensions": tuple(script_args.video_extensions),
         "strict": script_args.strict_data,
         "cache_dir": script_args.frame_cache_dir,
+        "cache_format": script_args.frame_cache_format,
         "allow_absolute_video_paths": script_args.allow_absolute_video_paths,
     }
 
@@ -197,6 +202,28 @@ def format_summary(annotations: str, report: DataReport, decoded: bool) -> str:
     return "\n".join(lines)
 
 
+def missing_recipe_paths(script_args, config: str, names: tuple[str, ...]) -> list[str]:
+    """One message per path field of the recipe ``config`` that is set but names no file (no directory, for
+    ``video_root``): the field, the path, and what to fix. Checked up front, so a tool never stops on a bare
+    ``[Errno 2]``."""
+    import os
+
+    problems = []
+    for name in names:
+        path = getattr(script_args, name)
+        if not path:
+            continue
+        want_dir = name == "video_root"
+        if os.path.isdir(path) if want_dir else os.path.isfile(path):
+            continue
+        where = "" if os.path.isabs(path) else f" (relative paths are resolved from the current directory, {os.getcwd()})"
+        what = "directory" if want_dir else "file"
+        problems.append(f"{name}: {path!r}, set in {config}, is not an existing {what}{where}. Fix {name} in the "
+                        f"recipe to point at the {what}" + (", or remove it if the annotations carry durations."
+                                                           if name == "durations_file" else "."))
+    return problems
+
+
 def check_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m video_grpo.data check",
                                      description="Validate annotations and videos before training.")
@@ -225,6 +252,11 @@ def check_main(argv: list[str] | None = None) -> int:
         annotations = script_args.train_file if args.split == "train" else script_args.eval_file
         if not annotations:
             parser.error(f"{args.config} sets no {args.split}_file")
+        problems = missing_recipe_paths(script_args, args.config, (f"{args.split}_file", "durations_file", "video_root"))
+        if problems:
+            for problem in problems:
+                print(f"error: {problem}", file=sys.stderr)
+            return 2
         family = family_of_recipe(args.config, args.model_family) if args.decode else FAMILIES["qwen2_5_vl"]
         kwargs = dataset_kwargs(script_args, family)
         sampling = kwargs["sampling"]
@@ -234,6 +266,10 @@ def check_main(argv: list[str] | None = None) -> int:
     else:
         family = FAMILIES[args.model_family or "qwen2_5_vl"]
         annotations, strict = args.annotations, args.strict
+        if args.durations and not Path(args.durations).is_file():
+            print(f"error: --durations: {args.durations!r} is not an existing file; pass the Charades CSV with the "
+                  "'length' column (Charades_v1_train.csv / Charades_v1_test.csv).", file=sys.stderr)
+            return 2
         sampling = SamplingConfig(size_multiple=family.size_multiple, temporal_patch=family.temporal_patch)
         load_kwargs = {"video_root": args.video_root, "dataset_format": args.dataset_format,
                        "durations_file": args.durations, "allow_absolute_video_paths": args.allow_absolute_video_paths}

@@ -8,18 +8,16 @@ The sampler returns frames already resized to the model family's size multiple (
 for Qwen3-VL and Qwen3.5), plus the metadata the model's time comes from: the sampled frames' indices and real
 presentation timestamps (:mod:`video_grpo.families` turns them into ``second_per_grid_ts`` or ``<t seconds>``
 text). Without them the processor assumes 24 fps and collapses the model's sense of time.
+
+Stored frames (``python -m video_grpo.preprocess``) are :mod:`video_grpo.frame_cache`'s.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 from torchvision.transforms.v2 import functional as tvf
@@ -219,59 +217,3 @@ def read_video(path: str, cfg: SamplingConfig) -> SampledVideo:
         "width": w,
     }
     return SampledVideo(frames=frames, metadata=metadata)
-
-
-CACHE_FORMAT_VERSION = 2  # 2: frames chosen by timestamp, metadata has "timestamps"
-
-
-def cache_key(path: str, cfg: SamplingConfig) -> str:
-    """Changes whenever the file (path, size, mtime) or any sampling setting changes."""
-    stat = os.stat(path)
-    identity = {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                "sampling": asdict(cfg), "version": CACHE_FORMAT_VERSION}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-
-
-def cache_path(cache_dir: str | Path, path: str, cfg: SamplingConfig) -> Path:
-    key = cache_key(path, cfg)
-    return Path(cache_dir) / key[:2] / f"{key}.safetensors"
-
-
-def write_cache(cache_dir: str | Path, path: str, cfg: SamplingConfig, video: SampledVideo) -> Path:
-    """Store sampled frames atomically: a killed writer leaves a temp file, never a half entry."""
-    from safetensors.torch import save_file
-
-    target = cache_path(cache_dir, path, cfg)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".safetensors")
-    os.close(fd)
-    try:
-        save_file({"frames": video.frames.contiguous()}, tmp, metadata={"video_metadata": json.dumps(video.metadata)})
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return target
-
-
-def read_cached(cache_dir: str | Path, path: str, cfg: SamplingConfig) -> SampledVideo | None:
-    """The cached sample for this file and sampling, or None."""
-    from safetensors import safe_open
-
-    try:
-        target = cache_path(cache_dir, path, cfg)
-    except OSError:
-        return None  # the video itself is gone; decoding will report it
-    if not target.is_file():
-        return None
-    with safe_open(str(target), framework="pt") as f:
-        return SampledVideo(frames=f.get_tensor("frames"), metadata=json.loads(f.metadata()["video_metadata"]))
-
-
-def load_video(path: str, cfg: SamplingConfig, cache_dir: str | Path | None = None) -> SampledVideo:
-    """Frames from the cache when present, else decoded."""
-    if cache_dir:
-        cached = read_cached(cache_dir, path, cfg)
-        if cached is not None:
-            return cached
-    return read_video(path, cfg)
