@@ -1,4 +1,5 @@
-"""`python -m video_grpo.data check` on real files: summary, JSON, exit status."""
+"""`python -m video_grpo.data check` on real files: summary, JSON, exit status, recipe errors, and no reward
+plug-in imports in the data tools."""
 
 from __future__ import annotations
 
@@ -6,6 +7,13 @@ import json
 import shutil
 import subprocess
 import sys
+
+import pytest
+import yaml
+
+from video_grpo.data import check_main
+from video_grpo.grpo import parse_args
+from video_grpo.preprocess import main as preprocess_main
 
 from .conftest import REPO, SAMPLES
 
@@ -45,3 +53,39 @@ def test_broken_data_is_listed_and_fails(tmp_path):
     assert human.returncode == 1 and "NOT READY" in human.stdout and "gone.mp4" in human.stdout
     strict = check("--annotations", str(annotations), "--video_root", str(videos), "--strict")
     assert strict.returncode == 2 and "a.jsonl:4" in strict.stderr
+
+
+def test_missing_durations_file_names_the_field_the_path_and_the_fix(tmp_path, capsys):
+    missing = tmp_path / "Charades_v1_train.csv"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"train_file": str(SAMPLES / "train.jsonl"), "durations_file": str(missing)}))
+    assert check_main(["--config", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "Errno" not in err
+    assert f"durations_file: {str(missing)!r}, set in {recipe}, is not an existing file" in err
+    assert "Fix durations_file in the recipe" in err
+    # preprocess reads the same recipe the same way
+    assert preprocess_main(["--config", str(recipe), "--model_family", "qwen2_5_vl", "--dry_run"]) == 2
+    assert f"durations_file: {str(missing)!r}" in capsys.readouterr().err
+
+
+def test_data_tools_do_not_import_reward_plugins(tmp_path, monkeypatch, capsys):
+    """A plug-in the data machine cannot import (here: one that fails, leaving a trace) must not stop the data
+    tools; training still imports it, and fails, before any model loads."""
+    trace = tmp_path / "imported"
+    (tmp_path / "broken_reward_plugin.py").write_text(
+        f"open({str(trace)!r}, 'w').close()\nraise ImportError('needs a GPU library')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"train_file": str(SAMPLES / "train.jsonl"), "video_max_pixels": 56 * 56,
+                                      "video_min_pixels": 784, "video_max_tokens": 256, "video_max_frames": 8,
+                                      "reward_funcs": ["iou", "broken_reward_plugin:reward"],
+                                      "output_dir": str(tmp_path / "out")}))
+    assert check_main(["--config", str(recipe)]) == 0
+    assert preprocess_main(["--config", str(recipe), "--model_family", "qwen2_5_vl", "--dry_run",
+                            "--estimate_samples", "1"]) == 0
+    assert "OK: the data can train." in capsys.readouterr().out
+    assert not trace.exists(), "a data tool imported the reward plug-in"
+    with pytest.raises(ValueError, match="cannot load reward plug-in 'broken_reward_plugin:reward'"):
+        parse_args(["--config", str(recipe)])
+    assert trace.exists()
