@@ -66,7 +66,7 @@ pytestmark = pytest.mark.launch
 
 QWEN_DIR = REFERENCE / "qwen2_5_vl"
 USE_REFERENCE = (QWEN_DIR / "vocab.json").is_file() and not os.environ.get("VIDEO_GRPO_NO_REFERENCE")
-TEXT_LAYERS, VISION_LAYERS = int(os.environ.get("RW_TEXT", 2)), 2  # TEMP
+TEXT_LAYERS, VISION_LAYERS = 2, 2  # the depth cut (see above); the widths are the published ones
 FRAMES = 8  # a 4 s clip at 2 fps
 
 # Qwen2.5-VL-3B-Instruct, hub config.json: the fields used here, as in ../shared/reference/qwen2_5_vl/3B/config.json
