@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# GPU benchmark of random-weight, full-size Qwen2.5-VL-3B at real video sizes (no download):
-# training forward+backward, vision encoder per row (plain TRL) vs once per video (video_grpo).
-# Prints JSON lines; see docs/performance.md.
+# GPU benchmarks of random-weight Qwen2.5-VL at real widths and video sizes (no download). Prints JSON lines;
+# see docs/performance.md. Needs torch, transformers and src/ (trl, when installed, supplies the fused LM head).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+# 1. The vision encoder per row (plain TRL) vs once per video, full-depth 3B.
 # 2 fps x 16 s = 32 frames at 448x448: 4096 visual tokens per video, as in the Charades recipes' upper range
 $PY scripts/bench_gpu.py --frames 32 --height 448 --width 448 --G 8 --prompts 1 --completion 128 --steps 3 "$@"
 # a longer clip at lower resolution: 64 frames of 336x336
 $PY scripts/bench_gpu.py --frames 64 --height 336 --width 336 --G 8 --prompts 1 --completion 128 --steps 3 "$@"
+# 2. The shared prompt: one group's loss forward+backward and generate, plain (G rows) vs shared_prefix, at 3B
+# and 7B widths (1 text + 1 vision layer), about 2,000 visual tokens, G = 8, answers of 32-128 tokens.
+for widths in 3b 7b; do
+  $PY -m video_grpo.bench_prefix gpu --widths "$widths" --visual_tokens 2048 --G 8 --device cuda --dtype bfloat16
+done

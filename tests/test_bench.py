@@ -27,7 +27,8 @@ def test_perf_quick():
     names = [line["name"] for line in lines]
     assert names == ["vision_rows_per_step", "vision_rows_per_step", "step_time", "cache_bytes_per_sample",
                      "sample_prep_cache_vs_decode", "sample_prep_cache_vs_decode", "cache_fidelity",
-                     "data_wait_fraction", "peak_memory_lora_beta"]
+                     "data_wait_fraction", "peak_memory_lora_beta", "lm_positions_per_forward",
+                     "train_step_time_shared_prefix", "peak_memory_shared_prefix", "generation_time_shared_prefill"]
     assert [line["format"] for line in lines if line["name"] == "sample_prep_cache_vs_decode"] == ["raw", "jpeg"]
     cache_bytes = next(line for line in lines if line["name"] == "cache_bytes_per_sample")
     assert cache_bytes["ratio"] <= 1 / 8
@@ -37,6 +38,10 @@ def test_perf_quick():
     assert rows["trainable"] <= 1 / 8 * 1.05 and rows["frozen"] <= 1 / 24 * 1.05
     memory = next(line for line in lines if line["name"] == "peak_memory_lora_beta")
     assert memory["parameters"] >= 100_000_000 and memory["ratio"] <= 1.15
+    # the shared prompt: the loss forward carries (P + sum C) positions, not G x (P + C_max)
+    positions = next(line for line in lines if line["name"] == "lm_positions_per_forward")
+    assert positions["ratio"] <= positions["ideal"] * 1.05 and positions["G"] == 8
+    assert next(line for line in lines if line["name"] == "generation_time_shared_prefill")["same_tokens"]
 
 
 def test_gpu_benchmark_script_smoke_runs_on_cpu():
@@ -45,3 +50,15 @@ def test_gpu_benchmark_script_smoke_runs_on_cpu():
     assert result.returncode == 0, result.stderr[-3000:]
     line = json.loads(result.stdout.splitlines()[-1])
     assert line["name"] == "gpu_train_samples_per_s" and line["ours"] > 0 and line["baseline"] > 0
+
+
+def test_shared_prompt_gpu_entry_smoke_runs_on_cpu():
+    """``scripts/bench_gpu.sh``'s shared-prompt lines, at tiny widths on the CPU."""
+    result = subprocess.run([sys.executable, "-m", "video_grpo.bench_prefix", "gpu", "--widths", "quick",
+                             "--visual_tokens", "256", "--G", "4", "--device", "cpu", "--dtype", "float32"],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["name"] for line in lines] == ["lm_positions_per_forward", "train_step_time_shared_prefix",
+                                                "peak_memory_shared_prefix", "generation_time_shared_prefill"]
+    assert all(line["ours"] > 0 and line["baseline"] > 0 for line in lines)
