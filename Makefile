@@ -21,12 +21,14 @@ $(TINY)/config.json: $(STAMP)
 	$(PY) -m video_grpo.tiny $(TINY)
 
 # GRPO that learns, on generated flash videos (scripts/demo_flash.py: data + SFT cold start), then a before/after
-# table and timelines: 2 CPU processes under DeepSpeed ZeRO-2, whole model trainable.
+# table and timelines: 2 CPU processes under DeepSpeed ZeRO-2, whole model trainable. `make demo SEED=1` picks
+# other videos, initial weights, SFT and GRPO sampling; the same seed gives the same table on one machine.
+SEED ?= 0
 demo: $(STAMP)
 	rm -rf $(DEMO_OUT)
-	OMP_NUM_THREADS=1 $(PY) scripts/demo_flash.py prepare --out outputs/demo_flash
+	OMP_NUM_THREADS=1 $(PY) scripts/demo_flash.py prepare --out outputs/demo_flash --seed $(SEED)
 	OMP_NUM_THREADS=1 $(VENV)/bin/accelerate launch --config_file configs/accelerate/cpu_zero2.yaml \
-		-m video_grpo.grpo --config configs/grpo/demo_flash.yaml --output_dir $(DEMO_OUT)
+		-m video_grpo.grpo --config configs/grpo/demo_flash.yaml --output_dir $(DEMO_OUT) --seed $(SEED)
 	$(PY) scripts/demo_report.py --run_dir $(DEMO_OUT) --initial_model outputs/demo_flash/sft
 	$(PY) -m video_grpo.plot train --run_dir $(DEMO_OUT)
 	OMP_NUM_THREADS=2 $(PY) scripts/demo_flash.py report --out outputs/demo_flash --run_dir $(DEMO_OUT)

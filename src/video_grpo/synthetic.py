@@ -201,11 +201,14 @@ def temporal_iou(a: tuple[float, float], b: tuple[float, float]) -> float:
     return inter / union if union > 0 else 0.0
 
 
-def best_fixed_span(train: list[dict], step: float = 0.5) -> tuple[float, float]:
-    """The one span, on a ``step``-second grid over the longest video, with the highest mean IoU on ``train``:
-    what a policy that ignores the video can at best answer."""
+def best_fixed_span(train: list[dict], step: float = 0.5, threshold: float | None = None) -> tuple[float, float]:
+    """The one span, on a ``step``-second grid over the longest video, with the highest mean IoU on ``train``
+    (with ``threshold``: the most IoUs >= ``threshold``, i.e. R1@threshold): what a policy that ignores the video
+    can at best answer. Ties go to the first span on the grid."""
     horizon = max(float(r["duration"]) for r in train)
     grid = [k * step for k in range(int(horizon / step) + 1)]
     spans = [(a, b) for i, a in enumerate(grid) for b in grid[i + 1 :]]
     truths = [tuple(r["solution"]) for r in train]
-    return max(spans, key=lambda s: sum(temporal_iou(s, t) for t in truths))
+    if threshold is None:
+        return max(spans, key=lambda s: sum(temporal_iou(s, t) for t in truths))
+    return max(spans, key=lambda s: sum(temporal_iou(s, t) >= threshold for t in truths))
