@@ -22,6 +22,7 @@ import torch
 from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
 
 import video_grpo.grpo as entry
+from video_grpo import prefill
 
 RECORD: dict = {"rows_compared": 0, "rows_differing": 0, "generation_seconds": [], "later_seconds": [],
                 "dtypes": Counter(), "encoder_runs": Counter(), "generation_batches": Counter(), "eval_metrics": []}
@@ -63,8 +64,21 @@ def spy_generation_positions(self, *args, **kwargs):
         STATE["in_generation"] = False
 
 
+one_prefill = prefill.generate
+
+
+def spy_one_prefill(*args, **kwargs):
+    """With shared_prefix, generation's positions come from one prefill per prompt (video_grpo.prefill)."""
+    STATE["in_generation"] = True
+    try:
+        return one_prefill(*args, **kwargs)
+    finally:
+        STATE["in_generation"] = False
+
+
 qwen.Qwen2_5_VLModel.get_rope_index = spy_rope_index
 qwen.Qwen2_5_VLForConditionalGeneration._prepare_position_ids_for_generation = spy_generation_positions
+prefill.generate = spy_one_prefill
 
 
 class ProbeTrainer(entry.VideoGRPOTrainer):

@@ -86,8 +86,10 @@ def test_accelerate_launch_trains_and_saves(family_model, tmp_path, config, stag
     # shared_prefix is on by default where it is exact, and off with its warning for Qwen3.5's linear attention
     history = __import__("json").loads((out / "trainer_state.json").read_text())["log_history"]
     ratios = [e["shared_prefix/position_ratio"] for e in history if "shared_prefix/position_ratio" in e]
+    prefills = [e["shared_prefix/prefill_ratio"] for e in history if "shared_prefix/prefill_ratio" in e]
     if family == "qwen3_5":
-        assert not ratios and "shared_prefix is off: qwen3_5 has ['linear_attention']" in log
-    else:
+        assert not ratios and not prefills and "shared_prefix is off: qwen3_5 has ['linear_attention']" in log
+    else:  # each rank prefills one row per prompt of its generation batch (G rows per prompt, or a share)
         assert len(ratios) == 2 and all(0 < r < 1 for r in ratios), history
+        assert prefills and all(0 < r < 1 for r in prefills), history
     assert not list(out.glob("*.bin")) or [p.name for p in out.glob("*.bin")] == ["training_args.bin"]

@@ -307,7 +307,7 @@ def test_one_grpo_step_at_real_widths(family, clip, qwen_processor_dir, tmp_path
                         max_completion_length=8, max_steps=1, learning_rate=1e-2, optim="sgd", beta=0.0,
                         bf16=False, use_cpu=True, report_to="none", save_strategy="no",
                         gradient_checkpointing=False, logging_steps=1, loss_type="grpo", seed=0,
-                        dataloader_num_workers=0, model_init_kwargs={"dtype": os.environ.get("RW_DTYPE", "float32")}),  # TEMP
+                        dataloader_num_workers=0, model_init_kwargs={"dtype": "float32"}),
         train_dataset=dataset,
         processing_class=AutoProcessor.from_pretrained(model_dir),
     )

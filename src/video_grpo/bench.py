@@ -60,7 +60,7 @@ def length_reward(completions, **kwargs) -> list[float]:
 
 
 def _trainer(model_dir, out_dir, dataset, encode_once: bool = True, freeze: bool = False, peft_config=None,
-             **overrides):
+             shared_prefix: bool | None = None, **overrides):
     from transformers import AutoProcessor
     from trl import GRPOConfig
 
@@ -76,7 +76,7 @@ def _trainer(model_dir, out_dir, dataset, encode_once: bool = True, freeze: bool
     return VideoGRPOTrainer(model=str(model_dir), reward_funcs=[iou_reward, format_soft_reward, length_reward],
                             args=GRPOConfig(**settings), train_dataset=dataset,
                             processing_class=AutoProcessor.from_pretrained(model_dir), peft_config=peft_config,
-                            encode_video_once=encode_once, freeze_vision_tower=freeze)
+                            encode_video_once=encode_once, freeze_vision_tower=freeze, shared_prefix=shared_prefix)
 
 
 def _dataset(sampling=None):
@@ -93,7 +93,10 @@ def vision_rows_per_step(model_dir: Path, work: Path) -> None:
     for frozen in (False, True):
         rows = {}
         for once in (True, False):
-            trainer = _trainer(model_dir, work / f"rows-{frozen}-{once}", dataset, once, freeze=frozen)
+            # shared_prefix off on both sides: packing also runs the tower once per prompt, which would hide
+            # the plain path's per-row encoding that this row measures
+            trainer = _trainer(model_dir, work / f"rows-{frozen}-{once}", dataset, once, freeze=frozen,
+                               shared_prefix=False)
             counted: list[int] = []
             models = [trainer.model] + ([trainer.ref_model] if trainer.ref_model is not None else [])
             for model in models:
@@ -117,7 +120,7 @@ def step_time(work: Path, steps: int) -> None:
     timings = {}
     share = None
     for once in (True, False):
-        trainer = _trainer(model_dir, work / f"step-{once}", dataset, once, max_steps=steps)
+        trainer = _trainer(model_dir, work / f"step-{once}", dataset, once, max_steps=steps, shared_prefix=False)
         encoder_seconds = [0.0]
         starts = {}
 

@@ -47,7 +47,7 @@ def unique_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, pixels: l
 @torch.no_grad()
 def generate(model, generate_fn=None, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
              pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor, mm_token_type_ids: torch.Tensor,
-             **kwargs: Any):
+             counts: list[int] | None = None, **kwargs: Any):
     """``model.generate(input_ids=..., ...)`` (``generate_fn``, default ``model.generate``) with each distinct
     left-padded prompt prefilled once. Rows must hold one video each (how every caller here builds them)."""
     generate_fn = generate_fn or model.generate
@@ -65,6 +65,9 @@ def generate(model, generate_fn=None, *, input_ids: torch.Tensor, attention_mask
         use_cache=True,
     )
     cache = prefill.cache
+    if counts is not None:
+        counts[0] += len(index)
+        counts[1] += len(first)
     index = index.to(input_ids.device)
     cache.batch_select_indices(index)
     backbone.rope_deltas = backbone.rope_deltas[index]
@@ -73,15 +76,16 @@ def generate(model, generate_fn=None, *, input_ids: torch.Tensor, attention_mask
 
 
 @contextlib.contextmanager
-def one_prefill_per_prompt(model):
-    """Within the block, ``model.generate`` (as TRL calls it) prefills each distinct prompt once."""
+def one_prefill_per_prompt(model, counts: list[int] | None = None):
+    """Within the block, ``model.generate`` (as TRL calls it) prefills each distinct prompt once. ``counts``, if
+    given, gets [rows, rows prefilled] added for each call."""
     original = model.generate
     had_own = "generate" in vars(model)
 
     def shared_generate(*args, **kwargs):
         if args or "pixel_values_videos" not in kwargs or "mm_token_type_ids" not in kwargs:
             return original(*args, **kwargs)  # not a video batch built by our trainer
-        return generate(model, original, **kwargs)
+        return generate(model, original, counts=counts, **kwargs)
 
     model.generate = shared_generate
     try:

@@ -255,9 +255,13 @@ class VideoGRPOTrainer(GRPOTrainer):
     # answer of each group is the annotated span, not a sample.
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         model = self.accelerator.unwrap_model(self.model_wrapped)  # what TRL's generate call runs on
-        with one_prefill_per_prompt(model) if self.shared_prefill else contextlib.nullcontext():
+        counts = [0, 0]  # rows generated, rows prefilled
+        with one_prefill_per_prompt(model, counts) if self.shared_prefill else contextlib.nullcontext():
             completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields,
                                                                      num_generations, has_tool_images)
+        if counts[0]:
+            mode = "train" if self.model.training else "eval"
+            self._metrics[mode]["shared_prefix/prefill_ratio"].append(counts[1] / counts[0])
         for row, ids in self._guided.items():
             completion_ids[row] = ids
         return completion_ids, logprobs
