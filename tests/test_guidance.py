@@ -101,6 +101,24 @@ def test_guided_answer_is_written_like_the_cold_start_target(tiny_model_dir):
     assert "<answer>7.30 to 10.24</answer>" in tokenizer.decode(wider)  # the setting is what decides
 
 
+def test_guiding_only_groups_that_all_miss():
+    """miss_below: a group with a sampled hit is plain GRPO over its sampled answers (the guided answer leaves the
+    statistics, advantage 0); a group whose sampled answers all miss keeps its guided answer."""
+    from video_grpo.guidance import group_advantages
+
+    iou = torch.tensor([0.1, 0.6, 0.0, 1.0, 0.2, 0.3, 0.0, 1.0])
+    rewards = torch.stack([iou, torch.ones(8)], dim=1)
+    guided = torch.tensor([False, False, False, True] * 2)
+    weights = torch.ones(2)
+    every = group_advantages(rewards, weights, 4, guided, "tempsamp", "group")
+    only = group_advantages(rewards, weights, 4, guided, "tempsamp", "group", miss_below=0.5)
+    assert only[3] == 0 and every[3] > 0  # group 0 has a sampled IoU of 0.6: not guided
+    unguided = group_advantages(rewards[:3], weights, 3, torch.zeros(3, dtype=torch.bool), "tempsamp", "group")
+    assert torch.allclose(only[:3], unguided)
+    assert torch.allclose(only[4:], every[4:]) and only[7] > 0  # group 1 all below 0.5: guided as before
+    assert torch.equal(group_advantages(rewards, weights, 4, guided, "tempsamp", "group", tau=0.8), every)
+
+
 @pytest.mark.parametrize(("shaping", "all_negative"), [("none", True), ("tempsamp", False)])
 def test_shaping_keeps_good_sampled_answers_positive(tiny_model_dir, dataset, tmp_path, shaping, all_negative):
     """Sampled IoUs 0.8, 0.8, 0.79 against the guided answer's 1: plain group normalisation pushes all three

@@ -28,3 +28,12 @@ def test_grpo_learns_to_look_and_plain_trl_does_not():
     assert vs_plain["ours"] > vs_plain["baseline"], vs_plain  # our gain beats max(plain TRL's gain, 1 point)
     assert lines["test_iou_before_after"]["ours"] > lines["test_iou_before_after"]["baseline"]
     assert lines["vs_plain_trl"]["steps"] == lines["learning_iou"]["steps"]  # the same budget on both sides
+    # Guidance: measured on the policy's own answers, which must still score (a collapsed policy would not).
+    guidance = lines["gt_guidance_gain"]
+    assert guidance["steps"] == lines["learning_iou"]["steps"] and guidance["ours"] > 0.1, guidance
+    # Curation: a numeric signal ratio (both runs had within-group spread), over the same steps, each evaluated.
+    curation = lines["curation_signal"]
+    assert curation["ratio"] is not None and curation["baseline"] > 0, curation
+    assert curation["groups"] == curation["steps"] * 8, curation  # 8 prompts per step, every group counted
+    assert 0 <= curation["flat_groups_curated"] <= 1 and 0 <= curation["flat_groups_whole"] <= 1, curation
+    assert curation["test_miou_curated"] > 0 and curation["test_miou_whole"] > 0, curation

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from video_grpo.configs import ANSWER_DECIMALS
-from video_grpo.grpo_math import shaped_advantages, tempsamp_shape
+from video_grpo.grpo_math import TEMPSAMP_TAU, shaped_advantages, tempsamp_shape
 from video_grpo.rewards import render_answer
 
 
@@ -38,12 +38,23 @@ def guided_completion_ids(tokenizer, row: dict, template: str, eos_token_id: int
 
 
 def group_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, group_size: int, guided: torch.Tensor,
-                     shaping: str, scale: str) -> torch.Tensor:
+                     shaping: str, scale: str, tau: float = TEMPSAMP_TAU, miss_below: float | None = None
+                     ) -> torch.Tensor:
     """(B,) advantages for the gathered batch: TRL's ``sum_then_normalize`` with the accuracy reward (column 0)
-    reshaped by Eq. 4 when ``shaping`` is ``"tempsamp"``. An answer no reward function could score gets 0."""
+    reshaped by Eq. 4 (threshold ``tau``) when ``shaping`` is ``"tempsamp"``. An answer no reward function could
+    score gets 0.
+
+    ``miss_below``: guide only the groups whose sampled answers all miss, i.e. all have an accuracy reward below
+    it. In every other group the guided answer is left out of the group's statistics and gets advantage 0, so
+    that group is plain GRPO over its sampled answers. ``None`` (the default, TempSamp-R1) guides every group."""
     rewards = rewards_per_func.clone()
     if shaping == "tempsamp":
-        rewards[:, 0] = tempsamp_shape(rewards[:, 0])
+        rewards[:, 0] = tempsamp_shape(rewards[:, 0], tau=tau)
     total = (rewards * weights.to(rewards.device).unsqueeze(0)).nansum(dim=1)
     total[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    if miss_below is not None:
+        guided = guided.to(total.device)
+        accuracy = rewards_per_func[:, 0].masked_fill(guided, float("-inf")).nan_to_num(nan=float("-inf"))
+        hit = (accuracy.view(-1, group_size) >= miss_below).any(dim=1, keepdim=True).expand(-1, group_size)
+        total[guided & hit.reshape(-1)] = torch.nan
     return shaped_advantages(total, group_size, guided_mask=guided, method="none", scale=scale)

@@ -15,7 +15,8 @@ Reported (JSON lines, the benchmark schema):
   span that scores best on the training set;
 - ``gt_guidance_gain``: mean IoU reward of the policy's own answers over the last 20% of steps, with
   ground-truth-guided groups and TempSamp shaping vs without;
-- ``curation_signal``: TRL's ``frac_reward_zero_std`` training on the curated vs the whole training set.
+- ``curation_signal``: the mean within-group std of the IoU reward, training on the curated vs the whole training
+  set for the same steps (with the share of flat groups, std < ``FLAT_STD``, and the test mIoU after each).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class Budget:
 
 
 TASK = FlashTask(size=28, clock=True)  # continuous spans, 2-4 s anywhere in 16 s
-FULL = Budget(TASK, train=128, test=160, sft_steps=100, grpo_steps=80, guided_steps=80, curation_steps=6)
+FULL = Budget(TASK, train=128, test=160, sft_steps=100, grpo_steps=80, guided_steps=80, curation_steps=20)
+FLAT_STD = 0.05  # a group whose IoU rewards spread less than this gives GRPO (almost) no signal
 QUICK = Budget(TASK, train=128, test=96, sft_steps=100, grpo_steps=40, guided_steps=0, curation_steps=0)
 
 
@@ -112,8 +114,10 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> d
         if budget.curation_steps:
             ids = [r["id"] for r in train_records]
             kept = curated_subset(start, train, ids, budget.curation_samples, band=(0.05, 0.95))
-            curated_log = runs.grpo(start, train.select(kept), work / "curated", budget.curation_steps, save=False)
-            whole_log = runs.grpo(start, train, work / "whole", budget.curation_steps, save=False)
+            spread = {"curated": [], "whole": []}
+            runs.grpo(start, train.select(kept), work / "curated", budget.curation_steps, group_stds=spread["curated"])
+            runs.grpo(start, train, work / "whole", budget.curation_steps, group_stds=spread["whole"])
+            curation_test = {name: runs.test_metrics(work / name, test)["mIoU"] for name in spread}
 
     ious = series(ours, "rewards/iou_reward/mean")
     first, last = fifth_means(ious)
@@ -145,10 +149,15 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> d
                                       "mean IoU reward of sampled answers, last 20% of steps: guided+tempsamp vs "
                                       "unguided", steps=len(sampled), goal="ratio > 1")
     if budget.curation_steps:
-        zero_curated, zero_whole = (sum(series(h, "frac_reward_zero_std")) / len(h) for h in (curated_log, whole_log))
-        results["curation"] = emit("curation_signal", zero_curated, zero_whole,
-                                   "mean frac_reward_zero_std over GRPO steps: curated vs whole training set",
-                                   kept=len(kept), of=len(train), steps=budget.curation_steps, goal="ratio < 1")
+        mean_std = {name: sum(v) / len(v) for name, v in spread.items()}
+        flat = {name: sum(x < FLAT_STD for x in v) / len(v) for name, v in spread.items()}
+        results["curation"] = emit("curation_signal", mean_std["curated"], mean_std["whole"],
+                                   "mean within-group std of the IoU reward over GRPO steps: curated vs whole "
+                                   "training set", flat_groups_curated=round(flat["curated"], 4),
+                                   flat_groups_whole=round(flat["whole"], 4), flat_below=FLAT_STD,
+                                   test_miou_curated=round(curation_test["curated"], 3),
+                                   test_miou_whole=round(curation_test["whole"], 3), kept=len(kept), of=len(train),
+                                   steps=budget.curation_steps, groups=len(spread["whole"]), goal="ratio >= 1.2")
     emit("learning_wall_time", time.perf_counter() - started, 15 * 60, "s (ours) vs the 15-minute budget")
     curves = {"ours": ours, "plain": plain, "guided": guided, "before": before, "after": after, "blank": blank,
               "plain_after": plain_after, "fixed_miou": fixed_miou}
@@ -156,3 +165,72 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> d
     if plot_to is not None:
         plot_learning(curves, plot_to)
     return results
+
+
+# TempSamp-R1 variants for gt_guidance_gain (docs/learning.md records each one's number): tau of Eq. 4, and guiding
+# only the groups whose sampled answers all miss (guidance.group_advantages' ``miss_below``).
+GUIDANCE_VARIANTS = {
+    "tempsamp, tau 0.8, every group (the benchmark's row)": {},
+    "tempsamp, tau 0.5, every group": {"tau": 0.5},
+    "tempsamp, tau 0.8, only groups with no sampled IoU >= 0.5": {"miss_below": 0.5},
+    "tempsamp, tau 0.8, only groups with no sampled IoU > 0": {"miss_below": 1e-6},
+}
+
+
+def guidance_variants(work: Path, emit, variants: dict[str, dict] = GUIDANCE_VARIANTS) -> dict:
+    """``gt_guidance_gain`` for each variant, from the benchmark's task, cold start and unguided run (the same
+    seeds, so the same checkpoint and the same unguided log as ``bench learning``)."""
+    from video_grpo.data import build_dataset
+    from video_grpo.synthetic import make_flash_split
+    from video_grpo.tiny import build_tiny_model
+
+    budget = FULL
+    data = work / "task"
+    make_flash_split(data, "train", budget.train, seed=10, task=budget.task)
+    train = build_dataset(data / "train.jsonl", sampling=runs.SAMPLING, prompt_template=runs.PROMPT)
+    model = build_tiny_model(work / "tiny", **runs.MODEL_SIZE)
+    with contextlib.redirect_stdout(sys.stderr):
+        start = runs.sft(model, train, work / "sft", steps=budget.sft_steps)
+        ours = runs.grpo(start, train, work / "ours", budget.grpo_steps, save=False)
+    unguided = fifth_means(series(ours, "rewards/iou_reward/mean"))[1]
+    results = {}
+    for name, options in variants.items():
+        with contextlib.redirect_stdout(sys.stderr):
+            guided = runs.grpo(start, train, work / "guided", budget.guided_steps, save=False, gt_guidance=True,
+                               advantage_shaping="tempsamp", answer_template=runs.ANSWER_TEMPLATE,
+                               guidance_options=options or None)
+        sampled = series(guided, "guidance/sampled_accuracy_reward")
+        results[name] = emit("gt_guidance_gain", fifth_means(sampled)[1], unguided,
+                             f"mean IoU reward of sampled answers, last 20% of steps: {name} vs unguided",
+                             variant=options, steps=len(sampled), goal="ratio > 1")
+    return results
+
+
+def main() -> int:
+    import argparse
+    import tempfile
+
+    import torch
+
+    parser = argparse.ArgumentParser(description="gt_guidance_gain for each TempSamp-R1 variant (about 8 minutes).")
+    parser.add_argument("command", choices=["guidance-variants"])
+    args = parser.parse_args()
+    del args
+
+    def emit(name, ours, baseline, unit, **extra):
+        line = {"name": name, "ours": round(ours, 4), "baseline": round(baseline, 4),
+                "ratio": round(ours / baseline, 4) if baseline else None, "unit": unit, **extra}
+        print(json.dumps(line), flush=True)
+        return line
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        guidance_variants(Path(tmp), emit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,6 +6,8 @@ the same weights. Everything runs in-process on CPU.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from pathlib import Path
 
 import torch
@@ -58,7 +60,7 @@ def test_metrics(model_dir: Path, dataset) -> dict:
             "format": 100.0 * sum(formats) / len(formats), "records": records}
 
 
-def sft(model_dir: Path, dataset, out: Path, steps: int, learning_rate: float = 3e-3) -> Path:
+def sft(model_dir: Path, dataset, out: Path, steps: int, learning_rate: float = 3e-3, seed: int = 0) -> Path:
     """Supervised answers in the prompt's format (``dataset``'s spans) -> a checkpoint in ``out``."""
     from transformers import AutoProcessor
     from trl import SFTConfig, SFTTrainer
@@ -69,7 +71,7 @@ def sft(model_dir: Path, dataset, out: Path, steps: int, learning_rate: float = 
     processor = AutoProcessor.from_pretrained(model_dir)
     args = SFTConfig(output_dir=str(out), max_steps=steps, per_device_train_batch_size=16, learning_rate=learning_rate,
                      lr_scheduler_type="constant", bf16=False, use_cpu=True, gradient_checkpointing=False,
-                     report_to="none", save_strategy="no", logging_steps=10, seed=0, remove_unused_columns=False,
+                     report_to="none", save_strategy="no", logging_steps=10, seed=seed, remove_unused_columns=False,
                      dataset_kwargs={"skip_prepare_dataset": True}, disable_tqdm=True)
     trainer = SFTTrainer(model=str(model_dir), args=args, train_dataset=dataset,
                          data_collator=VideoSFTCollator(processor, ANSWER_TEMPLATE, QWEN2_5_VL), processing_class=processor)
@@ -106,12 +108,46 @@ def with_transform(dataset, transform_class):
     return dataset
 
 
+def recording_iou(group_stds: list[float], group_size: int):
+    """``iou_reward`` (same name, so the logs keep their keys) that appends each group's population IoU std to
+    ``group_stds``. In one process the reward sees the whole generation batch, G consecutive rows per prompt."""
+    from video_grpo.rewards import iou_reward as base
+
+    def iou_reward(completions, **kwargs) -> list[float]:
+        rewards = base(completions=completions, **kwargs)
+        for start in range(0, len(rewards), group_size):
+            group = torch.tensor(rewards[start : start + group_size], dtype=torch.float64)
+            group_stds.append(float(group.std(unbiased=False)))
+        return rewards
+
+    return iou_reward
+
+
+@contextlib.contextmanager
+def guidance_variant(**options):
+    """Run ``VideoGRPOTrainer`` with :func:`video_grpo.guidance.group_advantages` ``options`` (``tau``,
+    ``miss_below``). The trainer has no setting for them, so the benchmark swaps the function it calls, for this
+    block only."""
+    from video_grpo import trainer
+    from video_grpo.guidance import group_advantages
+
+    original = trainer.group_advantages
+    trainer.group_advantages = functools.partial(group_advantages, **options)
+    try:
+        yield
+    finally:
+        trainer.group_advantages = original
+
+
 def grpo(model_dir: Path, dataset, out: Path, steps: int, plain: bool = False, save: bool = True,
+         guidance_options: dict | None = None, group_stds: list[float] | None = None,
          **trainer_kwargs) -> list[dict]:
     """GRPO with the ``iou`` and ``format`` rewards from ``model_dir``; returns the per-step log.
 
     ``plain``: TRL's own ``GRPOTrainer``, fed the frames in the prompt; otherwise ``VideoGRPOTrainer``
-    (``trainer_kwargs``: its options, e.g. ``gt_guidance``). Same config either way."""
+    (``trainer_kwargs``: its options, e.g. ``gt_guidance``; ``guidance_options``: see :func:`guidance_variant`).
+    Same config either way. ``group_stds``: if given, the IoU reward's std within every group of every step is
+    appended to it (population std over the G answers to one prompt: the spread GRPO's advantages come from)."""
     from transformers import AutoConfig, AutoProcessor
     from trl import GRPOConfig, GRPOTrainer
 
@@ -130,9 +166,11 @@ def grpo(model_dir: Path, dataset, out: Path, steps: int, plain: bool = False, s
                       **GRPO_SETTINGS)
     trainer_class = GRPOTrainer if plain else VideoGRPOTrainer
     data = with_transform(dataset, FramesInPrompt) if plain else dataset
-    trainer = trainer_class(model=str(model_dir), reward_funcs=[iou_reward, format_reward], args=args,
+    accuracy = iou_reward if group_stds is None else recording_iou(group_stds, args.num_generations)
+    trainer = trainer_class(model=str(model_dir), reward_funcs=[accuracy, format_reward], args=args,
                             train_dataset=data, processing_class=trainer_processor, **trainer_kwargs)
-    trainer.train()
+    with guidance_variant(**guidance_options) if guidance_options else contextlib.nullcontext():
+        trainer.train()
     if save:
         trainer.save_model(str(out))
         processor.save_pretrained(str(out))
