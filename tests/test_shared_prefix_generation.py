@@ -73,3 +73,21 @@ def test_sampled_answers_score_like_the_model(family_model, train_file):
     want = torch.log_softmax(plain, -1).gather(-1, answers[..., None])
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert len({tuple(a.tolist()) for a in answers}) > 2  # really sampled, not G copies
+
+
+def test_evaluation_and_curation_sampling_prefill_each_query_once(family_model, train_file):
+    """``evaluate run --do_sample`` and ``curate`` answer a query k times in one batch: one prefill row per
+    query; greedy answers equal the plain path's."""
+    from video_grpo.evaluate import generate_answers
+
+    model_dir = family_model("qwen2_5_vl")
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    rows = family_dataset(train_file, "qwen2_5_vl").__getitems__([1, 1, 1, 2, 2, 2])  # k = 3 answers per query
+    prefills = count_prefill_rows(model)
+    torch.manual_seed(0)
+    sampled = generate_answers(model, processor, rows, max_new_tokens=6, do_sample=True)
+    assert prefills == [2] and len(sampled) == 6
+    greedy = generate_answers(model, processor, rows, max_new_tokens=6)
+    assert greedy == generate_answers(model, processor, rows, max_new_tokens=6, shared_prefill=False)
+    assert prefills[1:] == [2, 6]  # shared, then plain
