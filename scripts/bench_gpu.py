@@ -22,22 +22,55 @@ from video_grpo.encoder import install
 
 # Qwen2.5-VL-3B-Instruct's config.json (text and vision dimensions that set the compute).
 QWEN_3B = {
-    "text_config": {"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
-                    "num_attention_heads": 16, "num_key_value_heads": 2, "max_position_embeddings": 128000,
-                    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
-                    "tie_word_embeddings": True},
-    "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
-                      "out_hidden_size": 2048, "patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2,
-                      "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2},
-    "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
+    "text_config": {
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128000,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+        "tie_word_embeddings": True,
+    },
+    "vision_config": {
+        "depth": 32,
+        "hidden_size": 1280,
+        "intermediate_size": 3420,
+        "num_heads": 16,
+        "out_hidden_size": 2048,
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "spatial_merge_size": 2,
+        "window_size": 112,
+        "fullatt_block_indexes": [7, 15, 23, 31],
+        "tokens_per_second": 2,
+    },
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
     "vision_end_token_id": 151653,
 }
 TINY = {
-    "text_config": {**QWEN_3B["text_config"], "vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128,
-                    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
-    "vision_config": {**QWEN_3B["vision_config"], "depth": 2, "hidden_size": 32, "intermediate_size": 64,
-                      "num_heads": 2, "out_hidden_size": 64, "fullatt_block_indexes": [1]},
+    "text_config": {
+        **QWEN_3B["text_config"],
+        "vocab_size": 151936,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+    },
+    "vision_config": {
+        **QWEN_3B["vision_config"],
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": 64,
+        "fullatt_block_indexes": [1],
+    },
 }
 
 
@@ -69,13 +102,17 @@ def step(model, batch, micro_batch: int, completion: int) -> None:
     rows = batch["input_ids"].shape[0]
     for start in range(0, rows, micro_batch):
         end = min(rows, start + micro_batch)
-        inputs = {k: (v[start:end] if torch.is_tensor(v) else torch.cat(v[start:end])) for k, v in batch.items()}
+        inputs = {
+            k: (v[start:end] if torch.is_tensor(v) else torch.cat(v[start:end])) for k, v in batch.items()
+        }
         logits = model(**inputs, logits_to_keep=completion + 1).logits
         logits.float().logsumexp(-1).mean().backward()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--frames", type=int, default=32)
     parser.add_argument("--height", type=int, default=448)
     parser.add_argument("--width", type=int, default=448)
@@ -119,16 +156,43 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     samples = batch["input_ids"].shape[0]
-    setting = {"model": "tiny" if args.tiny else "Qwen2.5-VL-3B (random weights)", "frames": args.frames,
-               "frame_size": f"{args.height}x{args.width}", "video_tokens": video_tokens, "G": args.G,
-               "prompts": args.prompts, "completion_tokens": args.completion, "device": str(device),
-               "dtype": args.dtype}
+    setting = {
+        "model": "tiny" if args.tiny else "Qwen2.5-VL-3B (random weights)",
+        "frames": args.frames,
+        "frame_size": f"{args.height}x{args.width}",
+        "video_tokens": video_tokens,
+        "G": args.G,
+        "prompts": args.prompts,
+        "completion_tokens": args.completion,
+        "device": str(device),
+        "dtype": args.dtype,
+    }
     once, plain = results["once"], results["plain"]
-    print(json.dumps({"name": "gpu_train_samples_per_s", "ours": samples / once[0], "baseline": samples / plain[0],
-                      "ratio": plain[0] / once[0], "unit": "samples/s", **setting}))
+    print(
+        json.dumps(
+            {
+                "name": "gpu_train_samples_per_s",
+                "ours": samples / once[0],
+                "baseline": samples / plain[0],
+                "ratio": plain[0] / once[0],
+                "unit": "samples/s",
+                **setting,
+            }
+        )
+    )
     if once[1] is not None:
-        print(json.dumps({"name": "gpu_peak_memory", "ours": once[1], "baseline": plain[1],
-                          "ratio": once[1] / plain[1], "unit": "GiB", **setting}))
+        print(
+            json.dumps(
+                {
+                    "name": "gpu_peak_memory",
+                    "ours": once[1],
+                    "baseline": plain[1],
+                    "ratio": once[1] / plain[1],
+                    "unit": "GiB",
+                    **setting,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

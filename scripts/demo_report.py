@@ -51,9 +51,15 @@ def main() -> int:
     print(f"mean format reward        : {mean(series('rewards/format_reward/mean')):.4f}")
     soft = series("rewards/format_soft_reward/mean")
     if soft:  # only when the recipe uses format_soft
-        print(f"mean format_soft reward   : {mean(soft):.4f}  (first step {soft[0]:.3f}, last {soft[-1]:.3f})")
-    print(f"frac_reward_zero_std      : mean {mean(zero_std):.3f}, min {min(zero_std):.3f}  (< 1: groups had reward variance)")
-    print(f"weight change ||dW||/||W||: vision tower {vision_change:.2e}, language model {language_change:.2e}")
+        print(
+            f"mean format_soft reward   : {mean(soft):.4f}  (first step {soft[0]:.3f}, last {soft[-1]:.3f})"
+        )
+    print(
+        f"frac_reward_zero_std      : mean {mean(zero_std):.3f}, min {min(zero_std):.3f}  (< 1: groups had reward variance)"
+    )
+    print(
+        f"weight change ||dW||/||W||: vision tower {vision_change:.2e}, language model {language_change:.2e}"
+    )
 
     ok = True
     if min(zero_std) >= 1.0:

@@ -1,6 +1,6 @@
 """Make the synthetic grounding videos in ``data_samples/`` (see ``video_grpo.synthetic``).
 
-    python scripts/make_samples.py --out data_samples --train 16 --test 8
+python scripts/make_samples.py --out data_samples --train 16 --test 8
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from video_grpo.synthetic import make_split
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=Path("data_samples"))
     parser.add_argument("--train", type=int, default=16)
     parser.add_argument("--test", type=int, default=8)

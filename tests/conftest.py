@@ -36,7 +36,9 @@ def family_model(tmp_path_factory):
 
     def get(family: str) -> Path:
         if family not in built:
-            built[family] = build_tiny_model(tmp_path_factory.mktemp(family) / f"tiny-{family}", family=family)
+            built[family] = build_tiny_model(
+                tmp_path_factory.mktemp(family) / f"tiny-{family}", family=family
+            )
         return built[family]
 
     return get

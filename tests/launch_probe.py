@@ -24,8 +24,16 @@ from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
 import video_grpo.grpo as entry
 from video_grpo import prefill
 
-RECORD: dict = {"rows_compared": 0, "rows_differing": 0, "generation_seconds": [], "later_seconds": [],
-                "dtypes": Counter(), "encoder_runs": Counter(), "generation_batches": Counter(), "eval_metrics": []}
+RECORD: dict = {
+    "rows_compared": 0,
+    "rows_differing": 0,
+    "generation_seconds": [],
+    "later_seconds": [],
+    "dtypes": Counter(),
+    "encoder_runs": Counter(),
+    "generation_batches": Counter(),
+    "eval_metrics": [],
+}
 STATE = {"in_generation": False, "phase": "train"}
 GENERATED: dict[tuple, torch.Tensor] = {}  # prompt ids -> their positions at generation
 
@@ -49,7 +57,9 @@ def spy_rope_index(self, input_ids, *args, **kwargs):
         prompt = next((p for p in GENERATED if ids[: len(p)] == p), None)
         if prompt is not None:
             RECORD["rows_compared"] += 1
-            RECORD["rows_differing"] += int(not torch.equal(row_positions[:, : len(prompt)], GENERATED[prompt]))
+            RECORD["rows_differing"] += int(
+                not torch.equal(row_positions[:, : len(prompt)], GENERATED[prompt])
+            )
     return positions, deltas
 
 
@@ -84,9 +94,13 @@ prefill.generate = spy_one_prefill
 class ProbeTrainer(entry.VideoGRPOTrainer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        towers = [self.model.model.visual] + ([self.ref_model.model.visual] if self.ref_model is not None else [])
+        towers = [self.model.model.visual] + (
+            [self.ref_model.model.visual] if self.ref_model is not None else []
+        )
         for tower in towers:
-            tower.register_forward_hook(lambda module, args, output: RECORD["encoder_runs"].update([STATE["phase"]]))
+            tower.register_forward_hook(
+                lambda module, args, output: RECORD["encoder_runs"].update([STATE["phase"]])
+            )
         RECORD["dtypes"][f"vision_tower:{next(self.model.model.visual.parameters()).dtype}"] += 1
 
     def _generate_and_score_completions(self, inputs):
@@ -104,8 +118,11 @@ class ProbeTrainer(entry.VideoGRPOTrainer):
 
     def train(self, *args, **kwargs):
         result = super().train(*args, **kwargs)
-        RECORD["shared_prefix"] = {"on": self.shared_prefix, "plain_positions": self.prefix_positions[0],
-                                   "packed_positions": self.prefix_positions[1]}
+        RECORD["shared_prefix"] = {
+            "on": self.shared_prefix,
+            "plain_positions": self.prefix_positions[0],
+            "packed_positions": self.prefix_positions[1],
+        }
         out = Path(self.args.output_dir) / f"probe.rank{self.accelerator.process_index}.json"
         out.write_text(json.dumps(RECORD, default=dict))
         return result

@@ -16,15 +16,20 @@ needs_reference = pytest.mark.skipif(not REFERENCE.is_dir(), reason=f"{REFERENCE
 
 @needs_reference
 def test_charades_sta_test_txt_with_csv_durations():
-    records, report = load_annotations(CHARADES / "charades_sta_test.txt",
-                                       durations_file=CHARADES / "Charades_v1_test.csv", video_root="/videos")
+    records, report = load_annotations(
+        CHARADES / "charades_sta_test.txt",
+        durations_file=CHARADES / "Charades_v1_test.csv",
+        video_root="/videos",
+    )
     assert report.records == 3720 and report.videos == 1334
     assert len(report.clamped_spans) == 562 and not report.invalid_spans
     first = records[0]
     assert first["video"] == "/videos/3MSZA.mp4" and first["solution"] == [24.3, 30.4]
     assert first["sentence"] == "person turn a light on." and first["duration"] == pytest.approx(30.96)
     clamped = next(r for r in records if r["id"] == report.clamped_spans[0])
-    assert clamped["solution"][1] == clamped["duration"] < clamped["solution_raw"][1]  # raw span kept for eval
+    assert (
+        clamped["solution"][1] == clamped["duration"] < clamped["solution_raw"][1]
+    )  # raw span kept for eval
 
 
 @needs_reference
@@ -37,7 +42,9 @@ def test_charades_train_json_skips_the_four_reversed_spans():
 def test_activitynet_val_2():
     records, report = load_annotations(REFERENCE / "activitynet" / "val_2.json")
     assert report.records == 17031 and report.videos == 4885
-    assert len(report.clamped_spans) == 1  # one window ends 0.01 s after its video; float noise is not counted
+    assert (
+        len(report.clamped_spans) == 1
+    )  # one window ends 0.01 s after its video; float noise is not counted
     assert all(r["sentence"] == r["sentence"].strip() for r in records)
 
 
@@ -52,7 +59,9 @@ def test_qvhighlights_val_multi_window():
 def test_format_detection(tmp_path):
     assert detect_format(SAMPLES / "train.jsonl") == "jsonl"
     qv = tmp_path / "qv.jsonl"
-    qv.write_text(json.dumps({"qid": 1, "query": "q", "duration": 10, "vid": "v", "relevant_windows": [[1, 2]]}) + "\n")
+    qv.write_text(
+        json.dumps({"qid": 1, "query": "q", "duration": 10, "vid": "v", "relevant_windows": [[1, 2]]}) + "\n"
+    )
     assert detect_format(qv) == "qvhighlights"
     assert detect_format(tmp_path / "a.txt") == "charades_txt"
     with pytest.raises(AnnotationError, match="set dataset_format"):
@@ -62,10 +71,12 @@ def test_format_detection(tmp_path):
 def test_policy_and_strict(tmp_path):
     (tmp_path / "v1.webm").write_bytes(b"x")
     path = tmp_path / "a.jsonl"
-    rows = [{"id": "ok", "video": "v1", "duration": 10, "solution": [1, 2], "sentence": " s "},
-            {"id": "late", "video": "v1", "duration": 10, "solution": [8, 12], "sentence": "s"},
-            {"id": "reversed", "video": "v1", "duration": 10, "solution": [5, 5], "sentence": "s"},
-            {"id": "gone", "video": "nope.mp4", "duration": 10, "solution": [1, 2], "sentence": "s"}]
+    rows = [
+        {"id": "ok", "video": "v1", "duration": 10, "solution": [1, 2], "sentence": " s "},
+        {"id": "late", "video": "v1", "duration": 10, "solution": [8, 12], "sentence": "s"},
+        {"id": "reversed", "video": "v1", "duration": 10, "solution": [5, 5], "sentence": "s"},
+        {"id": "gone", "video": "nope.mp4", "duration": 10, "solution": [1, 2], "sentence": "s"},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     records, report = load_annotations(path)
     assert [r["id"] for r in records] == ["ok", "late", "gone"]

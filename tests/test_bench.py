@@ -17,19 +17,38 @@ pytestmark = pytest.mark.launch
 
 
 def test_perf_quick():
-    result = subprocess.run([sys.executable, "-m", "video_grpo.bench", "perf", "--quick"], cwd=REPO,
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-m", "video_grpo.bench", "perf", "--quick"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     lines = [json.loads(line) for line in result.stdout.splitlines()]  # stdout is JSON lines only
     print("\n".join(json.dumps(line) for line in lines))
     for line in lines:
         assert {"name", "ours", "baseline", "ratio", "unit"} <= line.keys()
     names = [line["name"] for line in lines]
-    assert names == ["vision_rows_per_step", "vision_rows_per_step", "step_time", "cache_bytes_per_sample",
-                     "sample_prep_cache_vs_decode", "sample_prep_cache_vs_decode", "cache_fidelity",
-                     "data_wait_fraction", "peak_memory_lora_beta", "lm_positions_per_forward",
-                     "train_step_time_shared_prefix", "peak_memory_shared_prefix", "generation_time_shared_prefill"]
-    assert [line["format"] for line in lines if line["name"] == "sample_prep_cache_vs_decode"] == ["raw", "jpeg"]
+    assert names == [
+        "vision_rows_per_step",
+        "vision_rows_per_step",
+        "step_time",
+        "cache_bytes_per_sample",
+        "sample_prep_cache_vs_decode",
+        "sample_prep_cache_vs_decode",
+        "cache_fidelity",
+        "data_wait_fraction",
+        "peak_memory_lora_beta",
+        "lm_positions_per_forward",
+        "train_step_time_shared_prefix",
+        "peak_memory_shared_prefix",
+        "generation_time_shared_prefill",
+    ]
+    assert [line["format"] for line in lines if line["name"] == "sample_prep_cache_vs_decode"] == [
+        "raw",
+        "jpeg",
+    ]
     cache_bytes = next(line for line in lines if line["name"] == "cache_bytes_per_sample")
     assert cache_bytes["ratio"] <= 1 / 8
     fidelity = next(line for line in lines if line["name"] == "cache_fidelity")
@@ -45,8 +64,23 @@ def test_perf_quick():
 
 
 def test_gpu_benchmark_script_smoke_runs_on_cpu():
-    result = subprocess.run([sys.executable, "scripts/bench_gpu.py", "--tiny", "--device", "cpu", "--dtype", "float32",
-                             "--steps", "1"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "scripts/bench_gpu.py",
+            "--tiny",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--steps",
+            "1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     line = json.loads(result.stdout.splitlines()[-1])
     assert line["name"] == "gpu_train_samples_per_s" and line["ours"] > 0 and line["baseline"] > 0
@@ -54,11 +88,34 @@ def test_gpu_benchmark_script_smoke_runs_on_cpu():
 
 def test_shared_prompt_gpu_entry_smoke_runs_on_cpu():
     """``scripts/bench_gpu.sh``'s shared-prompt lines, at tiny widths on the CPU."""
-    result = subprocess.run([sys.executable, "-m", "video_grpo.bench_prefix", "gpu", "--widths", "quick",
-                             "--visual_tokens", "256", "--G", "4", "--device", "cpu", "--dtype", "float32"],
-                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "video_grpo.bench_prefix",
+            "gpu",
+            "--widths",
+            "quick",
+            "--visual_tokens",
+            "256",
+            "--G",
+            "4",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [line["name"] for line in lines] == ["lm_positions_per_forward", "train_step_time_shared_prefix",
-                                                "peak_memory_shared_prefix", "generation_time_shared_prefill"]
+    assert [line["name"] for line in lines] == [
+        "lm_positions_per_forward",
+        "train_step_time_shared_prefix",
+        "peak_memory_shared_prefix",
+        "generation_time_shared_prefill",
+    ]
     assert all(line["ours"] > 0 and line["baseline"] > 0 for line in lines)

@@ -28,7 +28,9 @@ from video_grpo.video import SamplingConfig, read_video
 from .conftest import REPO, SAMPLES
 from .test_trainer import ForwardProbe, make_trainer
 
-SAMPLING = SamplingConfig(fps=1.0, min_frames=2, max_frames=8, min_pixels=784, max_pixels=56 * 56, max_tokens=64)
+SAMPLING = SamplingConfig(
+    fps=1.0, min_frames=2, max_frames=8, min_pixels=784, max_pixels=56 * 56, max_tokens=64
+)
 VIDEO = str(SAMPLES / "videos" / "train_003.mp4")
 MIN_JPEG_PSNR = 38.0  # the fidelity the README states for the jpeg format
 
@@ -37,8 +39,14 @@ def test_key_covers_file_and_every_sampling_setting(tmp_path):
     copy = tmp_path / "v.mp4"
     shutil.copy(VIDEO, copy)
     base = cache_key(str(copy), SAMPLING)
-    for change in ({"fps": 2.0}, {"max_frames": 16}, {"min_pixels": 2 * 784}, {"max_pixels": 112 * 112},
-                   {"max_tokens": 128}, {"min_frames": 4}):
+    for change in (
+        {"fps": 2.0},
+        {"max_frames": 16},
+        {"min_pixels": 2 * 784},
+        {"max_pixels": 112 * 112},
+        {"max_tokens": 128},
+        {"min_frames": 4},
+    ):
         assert cache_key(str(copy), SamplingConfig(**{**SAMPLING.__dict__, **change})) != base, change
     assert cache_key(str(copy), SAMPLING, "raw") != base  # the format
     os.utime(copy, ns=(0, 10**18))
@@ -59,9 +67,16 @@ def test_round_trip_and_the_dataset_reads_the_cache(tmp_path, fmt):
     else:
         assert psnr(cached.frames, video.frames) >= MIN_JPEG_PSNR
     # Plant a recognisable entry: the dataset must return it rather than decode.
-    write_cache(tmp_path, VIDEO, SAMPLING, type(video)(frames=torch.zeros_like(video.frames), metadata=video.metadata),
-                fmt)
-    dataset = build_dataset(SAMPLES / "train.jsonl", sampling=SAMPLING, cache_dir=str(tmp_path), cache_format=fmt)
+    write_cache(
+        tmp_path,
+        VIDEO,
+        SAMPLING,
+        type(video)(frames=torch.zeros_like(video.frames), metadata=video.metadata),
+        fmt,
+    )
+    dataset = build_dataset(
+        SAMPLES / "train.jsonl", sampling=SAMPLING, cache_dir=str(tmp_path), cache_format=fmt
+    )
     row = dataset[3]
     assert row["video"] == VIDEO and row["video_frames"].sum() == 0
     assert dataset[4]["video_frames"].sum() > 0  # no entry: decoded
@@ -72,12 +87,21 @@ def test_formats_coexist_and_old_raw_entries_are_read(tmp_path):
     video = read_video(VIDEO, SAMPLING)
     # An entry exactly as the previous version wrote it: its key had no format, its header no "format".
     stat = os.stat(VIDEO)
-    identity = {"path": os.path.abspath(VIDEO), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                "sampling": SAMPLING.__dict__, "version": 2}
+    identity = {
+        "path": os.path.abspath(VIDEO),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "sampling": SAMPLING.__dict__,
+        "version": 2,
+    }
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     old = tmp_path / key[:2] / f"{key}.safetensors"
     old.parent.mkdir()
-    save_file({"frames": video.frames.contiguous()}, str(old), metadata={"video_metadata": json.dumps(video.metadata)})
+    save_file(
+        {"frames": video.frames.contiguous()},
+        str(old),
+        metadata={"video_metadata": json.dumps(video.metadata)},
+    )
     assert cache_path(tmp_path, VIDEO, SAMPLING, "raw") == old
     assert torch.equal(read_cached(tmp_path, VIDEO, SAMPLING, "raw").frames, video.frames)
     # A jpeg reader with only the raw entry takes it (exact frames beat no entry) ...
@@ -98,8 +122,13 @@ def test_formats_coexist_and_old_raw_entries_are_read(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["jpeg", "raw"])
 def test_training_reads_the_cache(tiny_model_dir, tmp_path, monkeypatch, fmt):
-    dataset = build_dataset(SAMPLES / "train.jsonl", sampling=SAMPLING, cache_dir=str(tmp_path / "cache"),
-                            cache_format=fmt, max_samples=2)
+    dataset = build_dataset(
+        SAMPLES / "train.jsonl",
+        sampling=SAMPLING,
+        cache_dir=str(tmp_path / "cache"),
+        cache_format=fmt,
+        max_samples=2,
+    )
     videos = sorted(set(dataset.with_format(None)["video"]))
     assert preprocess(videos, SAMPLING, str(tmp_path / "cache"), quiet=True, fmt=fmt) == {}
     decoded = {video: read_video(video, SAMPLING).frames for video in videos}
@@ -107,7 +136,9 @@ def test_training_reads_the_cache(tiny_model_dir, tmp_path, monkeypatch, fmt):
     def no_decoding(path, cfg):
         raise AssertionError(f"{path} was decoded: training did not read the {fmt} cache")
 
-    monkeypatch.setattr(frame_cache, "read_video", no_decoding)  # from here on every frame must come from the cache
+    monkeypatch.setattr(
+        frame_cache, "read_video", no_decoding
+    )  # from here on every frame must come from the cache
     for row in dataset:
         frames = row["video_frames"]
         if fmt == "raw":
@@ -139,12 +170,31 @@ def test_failed_write_leaves_no_entry(tmp_path, monkeypatch):
 
 def test_killed_preprocess_leaves_only_complete_entries(tmp_path):
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({"train_file": str(SAMPLES / "train.jsonl"), "eval_file": str(SAMPLES / "test.jsonl"),
-                                      "video_fps": 4.0, "video_max_frames": 256, "video_max_pixels": 112 * 112,
-                                      "video_min_pixels": 784, "video_max_tokens": 100_000}))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "train_file": str(SAMPLES / "train.jsonl"),
+                "eval_file": str(SAMPLES / "test.jsonl"),
+                "video_fps": 4.0,
+                "video_max_frames": 256,
+                "video_max_pixels": 112 * 112,
+                "video_min_pixels": 784,
+                "video_max_tokens": 100_000,
+            }
+        )
+    )
     cache = tmp_path / "cache"
-    cmd = [sys.executable, "-m", "video_grpo.preprocess", "--config", str(recipe), "--frame_cache_dir", str(cache),
-           "--model_family", "qwen2_5_vl"]  # the recipe names no model, so no config.json to read it from
+    cmd = [
+        sys.executable,
+        "-m",
+        "video_grpo.preprocess",
+        "--config",
+        str(recipe),
+        "--frame_cache_dir",
+        str(cache),
+        "--model_family",
+        "qwen2_5_vl",
+    ]  # the recipe names no model, so no config.json to read it from
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and len(list(cache.rglob("*.safetensors"))) < 3:
@@ -166,12 +216,29 @@ def test_killed_preprocess_leaves_only_complete_entries(tmp_path):
 
 def test_preprocess_estimates_its_size_and_dry_run_writes_nothing(tmp_path, capsys):
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({"train_file": str(SAMPLES / "train.jsonl"), "video_fps": 1.0,
-                                      "video_max_frames": 16, "video_max_pixels": 56 * 56, "video_min_pixels": 784,
-                                      "video_max_tokens": 256}))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "train_file": str(SAMPLES / "train.jsonl"),
+                "video_fps": 1.0,
+                "video_max_frames": 16,
+                "video_max_pixels": 56 * 56,
+                "video_min_pixels": 784,
+                "video_max_tokens": 256,
+            }
+        )
+    )
     cache = tmp_path / "cache"
-    argv = ["--config", str(recipe), "--frame_cache_dir", str(cache), "--model_family", "qwen2_5_vl",
-            "--estimate_samples", "3"]
+    argv = [
+        "--config",
+        str(recipe),
+        "--frame_cache_dir",
+        str(cache),
+        "--model_family",
+        "qwen2_5_vl",
+        "--estimate_samples",
+        "3",
+    ]
     assert preprocess_main([*argv, "--dry_run"]) == 0
     dry = capsys.readouterr().out
     estimated = int(re.search(r"estimated cache size: .* \((\d+) bytes\) for 16 videos", dry).group(1))
@@ -179,6 +246,10 @@ def test_preprocess_estimates_its_size_and_dry_run_writes_nothing(tmp_path, caps
     assert preprocess_main(argv) == 0
     done = capsys.readouterr().out
     assert f"({estimated} bytes)" in done.splitlines()[0]  # the estimate comes first ...
-    real = int(re.search(r"cache size: .* \((\d+) bytes\) in 16 jpeg entries", done.splitlines()[-1]).group(1))
-    assert real == sum(entry.stat().st_size for entry in cache.rglob("*.jpeg.safetensors"))  # ... the real total last
+    real = int(
+        re.search(r"cache size: .* \((\d+) bytes\) in 16 jpeg entries", done.splitlines()[-1]).group(1)
+    )
+    assert real == sum(
+        entry.stat().st_size for entry in cache.rglob("*.jpeg.safetensors")
+    )  # ... the real total last
     assert 0.75 * real <= estimated <= 1.25 * real

@@ -9,13 +9,29 @@ from .conftest import REPO
 
 
 def test_yaml_and_cli_round_trip(tmp_path):
-    recipe = {"model_name_or_path": "some/model", "train_file": "a.jsonl", "video_fps": 1.5, "video_max_tokens": 900,
-              "reward_funcs": ["iou", "format_soft"], "learning_rate": 3.0e-6, "num_generations": 4,
-              "per_device_train_batch_size": 4, "output_dir": str(tmp_path / "out"), "bf16": False, "use_cpu": True}
+    recipe = {
+        "model_name_or_path": "some/model",
+        "train_file": "a.jsonl",
+        "video_fps": 1.5,
+        "video_max_tokens": 900,
+        "reward_funcs": ["iou", "format_soft"],
+        "learning_rate": 3.0e-6,
+        "num_generations": 4,
+        "per_device_train_batch_size": 4,
+        "output_dir": str(tmp_path / "out"),
+        "bf16": False,
+        "use_cpu": True,
+    }
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    script, training, model = parse_args(["--config", str(path), "--video_fps", "3", "--learning_rate", "1e-5"])
-    assert isinstance(script, GRPOScriptArguments) and isinstance(training, GRPOConfig) and isinstance(model, ModelConfig)
+    script, training, model = parse_args(
+        ["--config", str(path), "--video_fps", "3", "--learning_rate", "1e-5"]
+    )
+    assert (
+        isinstance(script, GRPOScriptArguments)
+        and isinstance(training, GRPOConfig)
+        and isinstance(model, ModelConfig)
+    )
     assert script.video_fps == 3.0  # CLI beats YAML
     assert training.learning_rate == 1e-5
     assert script.video_max_tokens == 900  # YAML beats default
@@ -34,14 +50,19 @@ def test_shipped_recipes_parse(recipe):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"video_min_pixels": 200000, "video_max_pixels": 100000}, "video_min_pixels.*above video_max_pixels"),
+        (
+            {"video_min_pixels": 200000, "video_max_pixels": 100000},
+            "video_min_pixels.*above video_max_pixels",
+        ),
         ({"reward_funcs": ["iou", "iuo"]}, r"unknown reward 'iuo'.*Known rewards: format, format_soft, iou"),
         ({"reward_funcs": ["nope.module:f"]}, "cannot load reward plug-in"),
         ({"video_min_frames": 10, "video_max_frames": 4}, "video_min_frames.*above video_max_frames"),
         ({"prompt_template": "no placeholder"}, "prompt_template"),
         ({"video_fps": 0}, "video_fps"),
-        ({"reward_funcs": ["length_penalty"], "reward_kwargs": {"length_penalty": {"max_words": 3}}},
-         "has no parameter 'max_words'"),
+        (
+            {"reward_funcs": ["length_penalty"], "reward_kwargs": {"length_penalty": {"max_words": 3}}},
+            "has no parameter 'max_words'",
+        ),
         ({"reward_kwargs": "{not json"}, "reward_kwargs: is not valid JSON"),
     ],
 )
@@ -54,30 +75,59 @@ def test_bad_config_fails_at_parse_time(tmp_path, overrides, message):
 
 def test_reward_kwargs_from_yaml_and_cli(tmp_path):
     path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump({"train_file": "a.jsonl", "output_dir": str(tmp_path), "use_cpu": True,
-                                    "bf16": False, "reward_funcs": ["iou", "length_penalty"],
-                                    "reward_kwargs": {"length_penalty": {"max_think_words": 64}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "train_file": "a.jsonl",
+                "output_dir": str(tmp_path),
+                "use_cpu": True,
+                "bf16": False,
+                "reward_funcs": ["iou", "length_penalty"],
+                "reward_kwargs": {"length_penalty": {"max_think_words": 64}},
+            }
+        )
+    )
     script, _, _ = parse_args(["--config", str(path)])
     assert script.reward_kwargs == {"length_penalty": {"max_think_words": 64}}
-    script, _, _ = parse_args(["--config", str(path), "--reward_kwargs", '{"length_penalty": {"max_think_words": 8}}'])
+    script, _, _ = parse_args(
+        ["--config", str(path), "--reward_kwargs", '{"length_penalty": {"max_think_words": 8}}']
+    )
     assert script.reward_kwargs == {"length_penalty": {"max_think_words": 8}}
 
 
-@pytest.mark.parametrize(("family", "overrides", "message"), [
-    ("qwen2_5_vl", {"video_max_tokens": 10, "video_min_frames": 8, "video_min_pixels": 784 * 16},
-     "video_max_tokens.*at least 64"),
-    ("qwen3_vl", {"video_max_tokens": 10, "video_min_frames": 8, "video_min_pixels": 784 * 16},
-     "video_max_tokens.*at least 48"),  # 12544 px is 12 tokens of 32x32, not 16 of 28x28
-    ("qwen2_5_vl", {"video_min_pixels": 700}, r"video_min_pixels: must be >= 784 \(one 28x28 token"),
-    ("qwen3_vl", {"video_min_pixels": 1000}, r"video_min_pixels: must be >= 1024 \(one 32x32 token"),
-])
+@pytest.mark.parametrize(
+    ("family", "overrides", "message"),
+    [
+        (
+            "qwen2_5_vl",
+            {"video_max_tokens": 10, "video_min_frames": 8, "video_min_pixels": 784 * 16},
+            "video_max_tokens.*at least 64",
+        ),
+        (
+            "qwen3_vl",
+            {"video_max_tokens": 10, "video_min_frames": 8, "video_min_pixels": 784 * 16},
+            "video_max_tokens.*at least 48",
+        ),  # 12544 px is 12 tokens of 32x32, not 16 of 28x28
+        ("qwen2_5_vl", {"video_min_pixels": 700}, r"video_min_pixels: must be >= 784 \(one 28x28 token"),
+        ("qwen3_vl", {"video_min_pixels": 1000}, r"video_min_pixels: must be >= 1024 \(one 32x32 token"),
+    ],
+)
 def test_video_budget_uses_the_family_token_size(tmp_path, family, overrides, message):
     from video_grpo.configs import check_video_budget
     from video_grpo.families import FAMILIES
 
     path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump({"train_file": "a.jsonl", "output_dir": str(tmp_path), "use_cpu": True,
-                                    "bf16": False, **overrides}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "train_file": "a.jsonl",
+                "output_dir": str(tmp_path),
+                "use_cpu": True,
+                "bf16": False,
+                **overrides,
+            }
+        )
+    )
     script_args, _, _ = parse_args(["--config", str(path)])
     with pytest.raises(ValueError, match=message):
         check_video_budget(script_args, FAMILIES[family])

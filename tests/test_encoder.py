@@ -86,15 +86,24 @@ def test_training_step_encodes_each_video_once(tiny_model_dir, train_file, tmp_p
     dataset = build_dataset(train_file, sampling=SAMPLING)
     counts = {}
     for once in (True, False):
-        trainer = make_trainer(tiny_model_dir, dataset, tmp_path / str(once), num_generations=8,
-                               per_device_train_batch_size=8, beta=0.04, steps_per_generation=2,
-                               gradient_accumulation_steps=2, max_steps=1,
-                               # shared_prefix off: it also runs the tower once per prompt, which would hide this
-                               trainer_kwargs={"encode_video_once": once, "freeze_vision_tower": frozen,
-                                               "shared_prefix": False})
+        trainer = make_trainer(
+            tiny_model_dir,
+            dataset,
+            tmp_path / str(once),
+            num_generations=8,
+            per_device_train_batch_size=8,
+            beta=0.04,
+            steps_per_generation=2,
+            gradient_accumulation_steps=2,
+            max_steps=1,
+            # shared_prefix off: it also runs the tower once per prompt, which would hide this
+            trainer_kwargs={"encode_video_once": once, "freeze_vision_tower": frozen, "shared_prefix": False},
+        )
         rows = count_encoder_rows(trainer)
         if trainer.ref_model is not None:
-            trainer.ref_model.model.visual.register_forward_hook(lambda m, a, o, rows=rows: rows.append(a[0].shape[0]))
+            trainer.ref_model.model.visual.register_forward_hook(
+                lambda m, a, o, rows=rows: rows.append(a[0].shape[0])
+            )
         trainer.train()
         counts[once] = sum(rows)
     ratio = counts[True] / counts[False]

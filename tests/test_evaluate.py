@@ -29,14 +29,14 @@ def rec(output, solution, duration=30.0):
 
 def test_metric_rules_on_hand_computed_cases():
     records = [
-        rec("<think>x</think><answer>0 to 10</answer>", [5, 15]),   # IoU 5/15 = 0.333
-        rec("<answer>10 to 20</answer>", [10, 20]),                 # 1.0
-        rec("<answer>2 to 8</answer>", [0, 10]),                    # 0.6
-        rec("the event is from 4 to 9 seconds", [4, 9]),            # no answer block: last span in text, 1.0
-        rec("<answer>9 to 3</answer>", [3, 9]),                     # S > E: failure, IoU 0, kept in denominator
-        rec("no idea", [1, 2]),                                     # failure
+        rec("<think>x</think><answer>0 to 10</answer>", [5, 15]),  # IoU 5/15 = 0.333
+        rec("<answer>10 to 20</answer>", [10, 20]),  # 1.0
+        rec("<answer>2 to 8</answer>", [0, 10]),  # 0.6
+        rec("the event is from 4 to 9 seconds", [4, 9]),  # no answer block: last span in text, 1.0
+        rec("<answer>9 to 3</answer>", [3, 9]),  # S > E: failure, IoU 0, kept in denominator
+        rec("no idea", [1, 2]),  # failure
         rec("<answer>25 to 40</answer>", [20, 30], duration=30.0),  # no clamping: 5 / 20 = 0.25
-        rec("<answer>5 to 5</answer>", [5, 5]),                     # empty union: 0, never 1
+        rec("<answer>5 to 5</answer>", [5, 5]),  # empty union: 0, never 1
     ]
     metrics = score_records(records)
     ious = [1 / 3, 1.0, 0.6, 1.0, 0.0, 0.0, 0.25, 0.0]
@@ -47,30 +47,68 @@ def test_metric_rules_on_hand_computed_cases():
     assert metrics["mIoU"] == pytest.approx(100 * sum(ious) / 8)
     assert score_records([rec("<answer>3 to 6</answer>", [3, 6.0])])["R1@0.7"] == 100.0  # >= m, not > m
     assert parse_prediction("<answer>1 to 2</answer> then 5 to 9") == (1, 2)  # the answer block wins
-    assert parse_prediction("<answer>later</answer> 5 to 9") is None  # a block without a span does not fall back
+    assert (
+        parse_prediction("<answer>later</answer> 5 to 9") is None
+    )  # a block without a span does not fall back
 
 
 def test_multi_window_and_duration_buckets():
-    metrics = score_records([rec("<answer>4 to 6</answer>", [[0, 2], [4, 6]], 20.0),
-                             rec("<answer>0 to 50</answer>", [0, 100], 150.0)])
+    metrics = score_records(
+        [
+            rec("<answer>4 to 6</answer>", [[0, 2], [4, 6]], 20.0),
+            rec("<answer>0 to 50</answer>", [0, 100], 150.0),
+        ]
+    )
     assert metrics["R1@0.7"] == 50.0
-    assert metrics["by_duration"]["0-30s"]["mIoU"] == 100.0 and metrics["by_duration"][">=120s"]["mIoU"] == 50.0
+    assert (
+        metrics["by_duration"]["0-30s"]["mIoU"] == 100.0 and metrics["by_duration"][">=120s"]["mIoU"] == 50.0
+    )
 
 
 def test_score_cli(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps(rec("<answer>0 to 10</answer>", [0, 10])) + "\n")
     out = tmp_path / "m.json"
-    subprocess.run([sys.executable, "-m", "video_grpo.evaluate", "score", "--predictions", str(path), "--output", str(out)],
-                   check=True, capture_output=True, cwd=REPO)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "video_grpo.evaluate",
+            "score",
+            "--predictions",
+            str(path),
+            "--output",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=REPO,
+    )
     assert json.loads(out.read_text())["R1@0.5"] == 100.0
 
 
 def run_eval(model_dir, out_dir, *extra, launcher=(sys.executable, "-m")):
-    cmd = [*launcher, "video_grpo.evaluate", "run", "--model_name_or_path", str(model_dir),
-           "--config", "configs/grpo/demo_tiny.yaml", "--split", "train", "--output_dir", str(out_dir),
-           "--batch_size", "1", "--max_new_tokens", "24", *extra]
-    return subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = [
+        *launcher,
+        "video_grpo.evaluate",
+        "run",
+        "--model_name_or_path",
+        str(model_dir),
+        "--config",
+        "configs/grpo/demo_tiny.yaml",
+        "--split",
+        "train",
+        "--output_dir",
+        str(out_dir),
+        "--batch_size",
+        "1",
+        "--max_new_tokens",
+        "24",
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def finish(proc) -> str:
@@ -88,7 +126,9 @@ def reference_run(tiny_model_dir, tmp_path_factory):
 
 def test_run_writes_predictions_and_metrics(reference_run):
     lines = [json.loads(line) for line in (reference_run / "predictions.jsonl").read_text().splitlines()]
-    assert [r["id"] for r in lines] == [json.loads(x)["id"] for x in (SAMPLES / "train.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in lines] == [
+        json.loads(x)["id"] for x in (SAMPLES / "train.jsonl").read_text().splitlines()
+    ]
     for r in lines:
         assert set(r) >= {"id", "video", "sentence", "duration", "solution", "output", "span", "iou"}
     metrics = json.loads((reference_run / "metrics.json").read_text())
@@ -108,7 +148,9 @@ def test_killed_run_resumes_to_the_same_metrics(tiny_model_dir, reference_run, t
     assert 3 <= done_before < 16, "the kill should land part-way"
     out = finish(run_eval(tiny_model_dir, tmp_path))
     assert f"({done_before} done before)" in out
-    assert json.loads((tmp_path / "metrics.json").read_text()) == json.loads((reference_run / "metrics.json").read_text())
+    assert json.loads((tmp_path / "metrics.json").read_text()) == json.loads(
+        (reference_run / "metrics.json").read_text()
+    )
     assert (tmp_path / "predictions.jsonl").read_text() == (reference_run / "predictions.jsonl").read_text()
 
 
@@ -117,8 +159,22 @@ def test_sharded_over_two_processes_matches_one(tiny_model_dir, reference_run, t
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     accelerate = str(Path(sys.executable).with_name("accelerate"))
-    launcher = (accelerate, "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-                "--dynamo_backend", "no", "--main_process_port", port, "-m")
+    launcher = (
+        accelerate,
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        port,
+        "-m",
+    )
     finish(run_eval(tiny_model_dir, tmp_path, launcher=launcher))
     assert (tmp_path / "predictions.jsonl").read_text() == (reference_run / "predictions.jsonl").read_text()
     assert not list(tmp_path.glob("predictions.rank*.jsonl"))
@@ -130,8 +186,18 @@ def test_plots(reference_run, tmp_path):
     timeline = plot_timeline(reference_run / "predictions.jsonl", tmp_path / "timeline.png", num=6)
     run_dir = tmp_path / "run" / "checkpoint-2"  # an in-progress run has only checkpoint folders
     run_dir.mkdir(parents=True)
-    history = [{"step": s, "loss": 0.1, "reward": 0.1 * s, "rewards/iou_reward/mean": 0.05 * s, "kl": 0.01,
-                "completions/mean_length": 40 + s, "learning_rate": 1e-6} for s in (1, 2)]
+    history = [
+        {
+            "step": s,
+            "loss": 0.1,
+            "reward": 0.1 * s,
+            "rewards/iou_reward/mean": 0.05 * s,
+            "kl": 0.01,
+            "completions/mean_length": 40 + s,
+            "learning_rate": 1e-6,
+        }
+        for s in (1, 2)
+    ]
     (run_dir / "trainer_state.json").write_text(json.dumps({"global_step": 2, "log_history": history}))
     curves = plot_train(tmp_path / "run", tmp_path / "curves.png")
     for path in (timeline, curves):
@@ -144,9 +210,16 @@ def test_plots(reference_run, tmp_path):
 def test_eval_during_training_logs_r1_and_miou(tiny_model_dir, train_file, tmp_path):
     train = build_dataset(train_file, sampling=SAMPLING)
     evaluation = build_dataset(SAMPLES / "test.jsonl", sampling=SAMPLING)
-    trainer = make_trainer(tiny_model_dir, train, tmp_path, eval_dataset=evaluation,
-                           trainer_kwargs={"grounding_eval_samples": 4}, eval_strategy="steps", eval_steps=1,
-                           per_device_eval_batch_size=2)
+    trainer = make_trainer(
+        tiny_model_dir,
+        train,
+        tmp_path,
+        eval_dataset=evaluation,
+        trainer_kwargs={"grounding_eval_samples": 4},
+        eval_strategy="steps",
+        eval_steps=1,
+        per_device_eval_batch_size=2,
+    )
     trainer.train()
     logged = [e for e in trainer.state.log_history if "eval_R1@0.5" in e]
     assert logged and "eval_mIoU" in logged[0] and logged[0]["eval_num_parse_failures"] <= 4

@@ -35,18 +35,33 @@ QWEN3 = ["qwen3_vl", "qwen3_5"]
 def sampling_for(family: str, **overrides) -> SamplingConfig:
     """Small frames of the family's geometry: 2x2 tokens of 28 px (Qwen2.5-VL) or 32 px (Qwen3)."""
     side = FAMILIES[family].size_multiple
-    settings = {"fps": 1.0, "min_frames": 2, "max_frames": 8, "min_pixels": side * side,
-                "max_pixels": 4 * side * side, "max_tokens": 64, "size_multiple": side}
+    settings = {
+        "fps": 1.0,
+        "min_frames": 2,
+        "max_frames": 8,
+        "min_pixels": side * side,
+        "max_pixels": 4 * side * side,
+        "max_tokens": 64,
+        "size_multiple": side,
+    }
     return SamplingConfig(**{**settings, **overrides})
 
 
 def test_family_registry():
     for name, family in FAMILIES.items():
         assert detect_family(name) is family
-    assert (FAMILIES["qwen2_5_vl"].pixels_per_token, FAMILIES["qwen3_vl"].pixels_per_token) == (28 * 28, 32 * 32)
-    assert FAMILIES["qwen2_5_vl"].time_input_keys == ("second_per_grid_ts",) and FAMILIES["qwen3_vl"].time_input_keys == ()
+    assert (FAMILIES["qwen2_5_vl"].pixels_per_token, FAMILIES["qwen3_vl"].pixels_per_token) == (
+        28 * 28,
+        32 * 32,
+    )
+    assert (
+        FAMILIES["qwen2_5_vl"].time_input_keys == ("second_per_grid_ts",)
+        and FAMILIES["qwen3_vl"].time_input_keys == ()
+    )
     assert FAMILIES["qwen3_vl"].deepstack and not FAMILIES["qwen3_5"].deepstack
-    with pytest.raises(ValueError, match="unsupported model type 'llava': video_grpo supports qwen2_5_vl, qwen3_5"):
+    with pytest.raises(
+        ValueError, match="unsupported model type 'llava': video_grpo supports qwen2_5_vl, qwen3_5"
+    ):
         detect_family("llava")
 
 
@@ -84,9 +99,23 @@ def test_prompt_text_and_positions_of_the_loss_equal_generation(family_model, tr
 def vfr_clip(folder):
     """6 s: 3 s at 5 fps, then 3 s at 30 fps; Matroska reports 30 fps for it, so index / fps is no time."""
     path = folder / "5then30.mkv"
-    ffmpeg("-f", "lavfi", "-i", "testsrc=size=96x64:rate=30:duration=4",
-           "-vf", "setpts='if(lt(N,15),N*0.2,3+(N-15)/30)/TB'", "-frames:v", "106", "-fps_mode", "vfr",
-           "-c:v", "libx264", "-pix_fmt", "yuv420p", str(path))
+    ffmpeg(
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc=size=96x64:rate=30:duration=4",
+        "-vf",
+        "setpts='if(lt(N,15),N*0.2,3+(N-15)/30)/TB'",
+        "-frames:v",
+        "106",
+        "-fps_mode",
+        "vfr",
+        "-c:v",
+        "libx264",
+        "-pix_fmt",
+        "yuv420p",
+        str(path),
+    )
     return path
 
 
@@ -97,7 +126,8 @@ def test_qwen3_time_text_is_the_frames_real_presentation_times(family_model, tmp
 
     clip = vfr_clip(tmp_path)
     row = VideoTransform(sampling_for("qwen3_vl", fps=2.0, max_frames=64, max_tokens=512))(
-        {"video": [str(clip)], "sentence": ["a clock"], "duration": [6.0]})
+        {"video": [str(clip)], "sentence": ["a clock"], "duration": [6.0]}
+    )
     row = {key: values[0] for key, values in row.items()}
     processor = AutoProcessor.from_pretrained(family_model("qwen3_vl"))
     encoded = encode_rows(processor, [row], FAMILIES["qwen3_vl"])
@@ -109,9 +139,14 @@ def test_qwen3_time_text_is_the_frames_real_presentation_times(family_model, tmp
     real = [float(starts[i] - starts[0]) for i in row["video_metadata"]["frames_indices"]]
     expected = [f"{(real[k] + real[k + 1]) / 2:.1f}" for k in range(0, len(real), 2)]
     assert len(real) == 12 and written == expected
-    by_index = [f"{(a + b) / 2 / reader.get_avg_fps():.1f}" for a, b in
-                zip(row["video_metadata"]["frames_indices"][::2], row["video_metadata"]["frames_indices"][1::2],
-                    strict=True)]
+    by_index = [
+        f"{(a + b) / 2 / reader.get_avg_fps():.1f}"
+        for a, b in zip(
+            row["video_metadata"]["frames_indices"][::2],
+            row["video_metadata"]["frames_indices"][1::2],
+            strict=True,
+        )
+    ]
     assert written != by_index  # what index / container fps would have written: the test tells them apart
 
 
@@ -124,9 +159,12 @@ def family_batch(model_dir, train_file, family: str, group: int = 3):
     inputs = generation_inputs(encoded, processor.tokenizer.pad_token_id, config.video_token_id)
     completion = torch.randint(20, 200, (len(rows), 6), generator=torch.Generator().manual_seed(0))
     input_ids = torch.cat([inputs["input_ids"], completion], dim=1)
-    return {**inputs, "input_ids": input_ids,
-            "attention_mask": torch.cat([inputs["attention_mask"], torch.ones_like(completion)], dim=1),
-            "mm_token_type_ids": (input_ids == config.video_token_id).long() * 2}
+    return {
+        **inputs,
+        "input_ids": input_ids,
+        "attention_mask": torch.cat([inputs["attention_mask"], torch.ones_like(completion)], dim=1),
+        "mm_token_type_ids": (input_ids == config.video_token_id).long() * 2,
+    }
 
 
 @pytest.mark.parametrize(("family", "frozen"), [("qwen3_vl", False), ("qwen3_vl", True), ("qwen3_5", False)])
@@ -146,7 +184,9 @@ def test_encode_once_is_exact(family_model, train_file, family, frozen):
     for name in grads_plain:
         torch.testing.assert_close(grads_once[name], grads_plain[name], rtol=1e-4, atol=1e-6)
     assert hook.stats.rows_encoded * 3 == hook.stats.rows_requested  # each video encoded once, not 3 times
-    if FAMILIES[family].deepstack and not frozen:  # the DeepStack mergers got their gradient through the reuse
+    if (
+        FAMILIES[family].deepstack and not frozen
+    ):  # the DeepStack mergers got their gradient through the reuse
         assert any("deepstack" in name for name in grads_once)
     if frozen:  # a second forward takes everything, DeepStack levels included, from the cache
         with torch.no_grad():

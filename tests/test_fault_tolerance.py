@@ -53,9 +53,23 @@ def mixed_dataset(folder, good: int, bad_kinds: list[str]):
 def test_bad_videos_are_replaced_in_a_real_two_process_run(tiny_model_dir, tmp_path):
     annotations, videos = mixed_dataset(tmp_path, good=4, bad_kinds=["truncated", "empty", "text"])
     out = tmp_path / "run"
-    result = launch("cpu/zero2.yaml", tiny_model_dir, out, "--train_file", str(annotations), "--video_root",
-                    str(videos), "--max_bad_sample_fraction", "0.9", "--per_device_train_batch_size", "8",
-                    "--num_generations", "4", "--max_steps", "3")
+    result = launch(
+        "cpu/zero2.yaml",
+        tiny_model_dir,
+        out,
+        "--train_file",
+        str(annotations),
+        "--video_root",
+        str(videos),
+        "--max_bad_sample_fraction",
+        "0.9",
+        "--per_device_train_batch_size",
+        "8",
+        "--num_generations",
+        "4",
+        "--max_steps",
+        "3",
+    )
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-5000:]
     assert "replaced a bad sample" in log
@@ -67,8 +81,9 @@ def test_bad_videos_are_replaced_in_a_real_two_process_run(tiny_model_dir, tmp_p
 def test_too_many_bad_samples_stop_the_run_with_a_clear_message(tiny_model_dir, tmp_path):
     annotations, videos = mixed_dataset(tmp_path, good=2, bad_kinds=["empty", "text"] * 3)
     dataset = build_dataset(annotations, video_root=videos, sampling=SAMPLING)
-    trainer = make_trainer(tiny_model_dir, dataset, tmp_path, max_steps=20,
-                           trainer_kwargs={"max_bad_sample_fraction": 0.1})
+    trainer = make_trainer(
+        tiny_model_dir, dataset, tmp_path, max_steps=20, trainer_kwargs={"max_bad_sample_fraction": 0.1}
+    )
     with pytest.raises(RuntimeError, match=r"max_bad_sample_fraction=0.1.*video_grpo.data check"):
         trainer.train()
 
@@ -89,11 +104,22 @@ def test_replacement_is_deterministic_and_shared_by_repeats(tmp_path):
 @pytest.mark.parametrize("config", ["cpu/zero2.yaml", "cpu/zero3.yaml"])
 def test_kill_and_resume(tiny_model_dir, tmp_path, config):
     out = tmp_path / "run"
-    extra = ("--max_steps", "6", "--save_strategy", "steps", "--save_steps", "2", "--per_device_train_batch_size",
-             "4", "--num_generations", "4")
+    extra = (
+        "--max_steps",
+        "6",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--num_generations",
+        "4",
+    )
     cmd = launch_command(config, tiny_model_dir, out, *extra)
-    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.time() + 600
     while time.time() < deadline and last_complete_checkpoint(out) is None:
         assert proc.poll() is None, "the run ended before its first checkpoint"
@@ -114,19 +140,33 @@ def test_kill_and_resume(tiny_model_dir, tmp_path, config):
     assert not is_complete(half)
 
     # Rerun the same command, at the default log level: the resume must still say where it resumes from, once.
-    result = subprocess.run(launch_command(config, tiny_model_dir, out, *extra, log_level="passive"), cwd=REPO,
-                            env=ENV, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        launch_command(config, tiny_model_dir, out, *extra, log_level="passive"),
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-5000:]
-    assert log.count(f"resuming training at {resumed_from}") == 1, [x for x in log.splitlines() if "heckpoint" in x]
+    assert log.count(f"resuming training at {resumed_from}") == 1, [
+        x for x in log.splitlines() if "heckpoint" in x
+    ]
     assert "skipping" in log and "checkpoint-5: incomplete" in log
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 6
 
 
 def write_recipe(tmp_path, **fields) -> str:
-    recipe = {"model_name_or_path": "unused/model", "train_file": str(SAMPLES / "train.jsonl"),
-              "output_dir": str(tmp_path / "out"), "use_cpu": True, "bf16": False, **fields}
+    recipe = {
+        "model_name_or_path": "unused/model",
+        "train_file": str(SAMPLES / "train.jsonl"),
+        "output_dir": str(tmp_path / "out"),
+        "use_cpu": True,
+        "bf16": False,
+        **fields,
+    }
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return str(path)
@@ -140,7 +180,10 @@ def write_recipe(tmp_path, **fields) -> str:
         ({"video_root": "/no/such/dir"}, r"video_root: '/no/such/dir' is not a directory"),
         ({"reward_funcs": ["iou", "fromat"]}, r"unknown reward 'fromat'. Known rewards: format, format_soft"),
         ({"dataset_format": "csv"}, r"dataset_format: unknown format 'csv'"),
-        ({"video_min_pixels": 100000, "video_max_pixels": 50000}, r"video_min_pixels: .* is above video_max_pixels"),
+        (
+            {"video_min_pixels": 100000, "video_max_pixels": 50000},
+            r"video_min_pixels: .* is above video_max_pixels",
+        ),
         ({"per_device_train_batch_size": 3, "num_generations": 2}, r"divisible by num_generations"),
         ({"train_file": str(REPO / "README.md")}, r"cannot tell the annotation format"),
         ({"eval_strategy": "steps"}, r"eval_strategy: is 'steps' but eval_file is not set"),
@@ -162,11 +205,19 @@ def test_config_errors_fail_before_any_model_loads(tmp_path, monkeypatch, fields
         entry.main(*entry.parse_args(["--config", write_recipe(tmp_path, **fields)]))
 
 
-@pytest.mark.parametrize(("family", "message"), [
-    ("qwen2_5_vl", r"video_max_frames: 512 frames can never fit .* at most 128 frames fit \(qwen2_5_vl\)"),
-    ("qwen3_vl", r"video_max_frames: 512 frames can never fit .* at most 170 frames fit \(qwen3_vl\)"),
-])
-def test_video_budget_is_checked_with_the_model_family_before_the_model_loads(tmp_path, monkeypatch, family, message):
+@pytest.mark.parametrize(
+    ("family", "message"),
+    [
+        (
+            "qwen2_5_vl",
+            r"video_max_frames: 512 frames can never fit .* at most 128 frames fit \(qwen2_5_vl\)",
+        ),
+        ("qwen3_vl", r"video_max_frames: 512 frames can never fit .* at most 170 frames fit \(qwen3_vl\)"),
+    ],
+)
+def test_video_budget_is_checked_with_the_model_family_before_the_model_loads(
+    tmp_path, monkeypatch, family, message
+):
     """A frame's token cost depends on the family (28x28 or 32x32 px), read from the model's config.json only."""
     import video_grpo.grpo as entry
     from video_grpo.tiny import build_tiny_model
@@ -177,8 +228,13 @@ def test_video_budget_is_checked_with_the_model_family_before_the_model_loads(tm
     model = build_tiny_model(tmp_path / family, family=family)
     monkeypatch.setattr(entry.AutoProcessor, "from_pretrained", no_model_loading)
     monkeypatch.setattr(entry, "VideoGRPOTrainer", no_model_loading)
-    recipe = write_recipe(tmp_path, model_name_or_path=str(model), video_max_frames=512, video_max_tokens=256,
-                          video_min_pixels=3136)
+    recipe = write_recipe(
+        tmp_path,
+        model_name_or_path=str(model),
+        video_max_frames=512,
+        video_max_tokens=256,
+        video_min_pixels=3136,
+    )
     with pytest.raises(ValueError, match=message):
         entry.main(*entry.parse_args(["--config", recipe]))
 
@@ -191,15 +247,24 @@ def test_unsupported_model_type_fails_with_the_supported_list(tmp_path):
 
     LlavaConfig().save_pretrained(tmp_path / "llava")
     args = parse_args(["--config", write_recipe(tmp_path, model_name_or_path=str(tmp_path / "llava"))])
-    with pytest.raises(ValueError, match=r"unsupported model type 'llava': video_grpo supports qwen2_5_vl, qwen3_5, "
-                                         r"qwen3_vl"):
+    with pytest.raises(
+        ValueError,
+        match=r"unsupported model type 'llava': video_grpo supports qwen2_5_vl, qwen3_5, "
+        r"qwen3_vl",
+    ):
         validate_recipe(*args)
 
 
 def test_config_error_from_the_command_line(tmp_path):
     recipe = write_recipe(tmp_path, train_file="missing.jsonl")
-    result = subprocess.run([sys.executable, "-m", "video_grpo.grpo", "--config", recipe], cwd=REPO, env=ENV,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "video_grpo.grpo", "--config", recipe],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0 and "train_file: 'missing.jsonl' does not exist" in result.stderr
     assert "Loading weights" not in result.stderr + result.stdout
 
@@ -210,7 +275,9 @@ def test_video_paths_cannot_escape_video_root(tmp_path):
     (tmp_path / "secret.mp4").write_bytes(b"x")
     for video in ("../secret.mp4", str(tmp_path / "secret.mp4")):
         path = tmp_path / "a.jsonl"
-        path.write_text(json.dumps({"id": "a", "video": video, "duration": 9, "solution": [1, 2], "sentence": "s"}) + "\n")
+        path.write_text(
+            json.dumps({"id": "a", "video": video, "duration": 9, "solution": [1, 2], "sentence": "s"}) + "\n"
+        )
         with pytest.raises(AnnotationError, match="outside video_root.*allow_absolute_video_paths"):
             load_annotations(path, video_root=root)
         records, _ = load_annotations(path, video_root=root, allow_absolute_video_paths=True)

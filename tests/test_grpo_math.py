@@ -16,7 +16,9 @@ from .test_trainer import SAMPLING, make_trainer
 
 def test_advantages_both_conventions():
     rewards = torch.tensor([0.0, 1.6, 5.4, 8.8])
-    assert group_advantages(rewards, 4).tolist() == pytest.approx([-1.0006, -0.5953, 0.3673, 1.2286], abs=1e-4)
+    assert group_advantages(rewards, 4).tolist() == pytest.approx(
+        [-1.0006, -0.5953, 0.3673, 1.2286], abs=1e-4
+    )
     assert group_advantages(rewards, 4, std="population").tolist() == pytest.approx(
         [-1.1554, -0.6874, 0.4241, 1.4186], abs=1e-4
     )
@@ -42,15 +44,25 @@ def test_clip_table():
     ratios = torch.tensor([0.85, 0.90, 1.15, 1.25])
     assert clip_ratio(ratios, 0.2).tolist() == pytest.approx([0.85, 0.90, 1.15, 1.2])
     assert clipped_surrogate(ratios, torch.ones(4), 0.2).tolist() == pytest.approx([0.85, 0.90, 1.15, 1.2])
-    assert clipped_surrogate(ratios, -torch.ones(4), 0.2).tolist() == pytest.approx([-0.85, -0.90, -1.15, -1.25])
+    assert clipped_surrogate(ratios, -torch.ones(4), 0.2).tolist() == pytest.approx(
+        [-0.85, -0.90, -1.15, -1.25]
+    )
     assert clip_ratio(torch.tensor([1.3]), 0.2, 0.28).item() == pytest.approx(1.28)
 
 
 @settings(max_examples=2000, deadline=None)
 @given(st.floats(-20, 20), st.floats(-20, 20))
 def test_k3_never_negative(logp, ref_logp):
-    assert k3_kl(torch.tensor(0.0, dtype=torch.float64), torch.tensor(3.650795073826495e-09, dtype=torch.float64)) >= 0
-    assert k3_kl(torch.tensor(logp, dtype=torch.float64), torch.tensor(ref_logp, dtype=torch.float64)).item() >= 0
+    assert (
+        k3_kl(
+            torch.tensor(0.0, dtype=torch.float64), torch.tensor(3.650795073826495e-09, dtype=torch.float64)
+        )
+        >= 0
+    )
+    assert (
+        k3_kl(torch.tensor(logp, dtype=torch.float64), torch.tensor(ref_logp, dtype=torch.float64)).item()
+        >= 0
+    )
 
 
 @settings(deadline=None, max_examples=50)
@@ -69,8 +81,16 @@ def test_aggregation_levels_differ_with_ragged_masks():
 
 @pytest.mark.parametrize(("beta", "kl_correction"), [(0.0, True), (0.04, True), (0.04, False)])
 def test_module_loss_equals_trainer_loss(tiny_model_dir, train_file, tmp_path, beta, kl_correction):
-    trainer = make_trainer(tiny_model_dir, build_dataset(train_file, sampling=SAMPLING), tmp_path, beta=beta,
-                           epsilon=0.2, epsilon_high=0.28, loss_type="grpo", use_bias_correction_kl=kl_correction)
+    trainer = make_trainer(
+        tiny_model_dir,
+        build_dataset(train_file, sampling=SAMPLING),
+        tmp_path,
+        beta=beta,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="grpo",
+        use_bias_correction_kl=kl_correction,
+    )
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     gen = torch.Generator().manual_seed(0)
@@ -83,16 +103,37 @@ def test_module_loss_equals_trainer_loss(tiny_model_dir, train_file, tmp_path, b
     mask[3, 2:] = 0
     advantages = group_advantages(torch.tensor([0.0, 1.6, 5.4, 8.8]), 4)
     inputs = {
-        "prompt_ids": torch.ones(batch, 3, dtype=torch.long), "prompt_mask": torch.ones(batch, 3, dtype=torch.long),
-        "completion_ids": torch.ones(batch, length, dtype=torch.long), "completion_mask": mask,
-        "advantages": advantages, "old_per_token_logps": old, "ref_per_token_logps": ref,
-        "num_items_in_batch": mask.sum(), "video_pixels": [None] * batch,
-        "video_grid_thw": torch.zeros(batch, 3), "second_per_grid_ts": torch.zeros(batch),
+        "prompt_ids": torch.ones(batch, 3, dtype=torch.long),
+        "prompt_mask": torch.ones(batch, 3, dtype=torch.long),
+        "completion_ids": torch.ones(batch, length, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": advantages,
+        "old_per_token_logps": old,
+        "ref_per_token_logps": ref,
+        "num_items_in_batch": mask.sum(),
+        "video_pixels": [None] * batch,
+        "video_grid_thw": torch.zeros(batch, 3),
+        "second_per_grid_ts": torch.zeros(batch),
     }
     # Same per-token log-probs for both: the model forward is replaced, the loss math is the trainer's own.
-    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, torch.zeros_like(logps), None)
+    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (
+        logps,
+        torch.zeros_like(logps),
+        None,
+    )
     trainer_loss = trainer._compute_loss(trainer.model, inputs)
-    module_loss = grpo_loss(logps, old, advantages, mask.float(), epsilon_low=0.2, epsilon_high=0.28, beta=beta,
-                            ref_per_token_logps=ref, kl_ratio_correction=kl_correction)
+    module_loss = grpo_loss(
+        logps,
+        old,
+        advantages,
+        mask.float(),
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        beta=beta,
+        ref_per_token_logps=ref,
+        kl_ratio_correction=kl_correction,
+    )
     assert trainer_loss.item() == pytest.approx(module_loss.item(), rel=1e-6, abs=1e-7)
-    assert (torch.exp(logps - old) > 1.28).any() and (torch.exp(logps - old) < 0.8).any()  # clipping exercised
+    assert (torch.exp(logps - old) > 1.28).any() and (
+        torch.exp(logps - old) < 0.8
+    ).any()  # clipping exercised

@@ -32,9 +32,17 @@ def dataset(train_file):
 
 
 def guided_trainer(tiny_model_dir, dataset, tmp_path, shaping="tempsamp", guidance=True, **overrides):
-    return make_trainer(tiny_model_dir, dataset, tmp_path, reward_funcs=[scripted_iou], num_generations=G,
-                        per_device_train_batch_size=8, max_completion_length=8,
-                        trainer_kwargs={"gt_guidance": guidance, "advantage_shaping": shaping}, **overrides)
+    return make_trainer(
+        tiny_model_dir,
+        dataset,
+        tmp_path,
+        reward_funcs=[scripted_iou],
+        num_generations=G,
+        per_device_train_batch_size=8,
+        max_completion_length=8,
+        trainer_kwargs={"gt_guidance": guidance, "advantage_shaping": shaping},
+        **overrides,
+    )
 
 
 def capture_generations(trainer) -> list[tuple[list[dict], dict]]:
@@ -51,8 +59,10 @@ def capture_generations(trainer) -> list[tuple[list[dict], dict]]:
 
 
 def completion_rows(output) -> list[list[int]]:
-    return [ids[mask.bool()].tolist() for ids, mask in zip(output["completion_ids"], output["completion_mask"],
-                                                           strict=True)]
+    return [
+        ids[mask.bool()].tolist()
+        for ids, mask in zip(output["completion_ids"], output["completion_mask"], strict=True)
+    ]
 
 
 def test_guided_rows_are_the_last_of_each_group_across_ranks():
@@ -70,8 +80,10 @@ def test_one_guided_answer_per_group_written_from_the_annotation(tiny_model_dir,
     tokenizer = trainer.processing_class.tokenizer
     for group in range(len(rows) // G):
         members = range(group * G, (group + 1) * G)
-        written = [guided_completion_ids(tokenizer, inputs[i], DEFAULT_ANSWER_TEMPLATE, trainer.eos_token_ids[0])
-                   for i in members]
+        written = [
+            guided_completion_ids(tokenizer, inputs[i], DEFAULT_ANSWER_TEMPLATE, trainer.eos_token_ids[0])
+            for i in members
+        ]
         matches = [rows[i] == written[k] for k, i in enumerate(members)]
         assert matches == [False] * (G - 1) + [True], (group, matches)
     guided_text = tokenizer.decode(rows[G - 1], skip_special_tokens=True)
@@ -113,14 +125,18 @@ def test_guiding_only_groups_that_all_miss():
     every = group_advantages(rewards, weights, 4, guided, "tempsamp", "group")
     only = group_advantages(rewards, weights, 4, guided, "tempsamp", "group", miss_below=0.5)
     assert only[3] == 0 and every[3] > 0  # group 0 has a sampled IoU of 0.6: not guided
-    unguided = group_advantages(rewards[:3], weights, 3, torch.zeros(3, dtype=torch.bool), "tempsamp", "group")
+    unguided = group_advantages(
+        rewards[:3], weights, 3, torch.zeros(3, dtype=torch.bool), "tempsamp", "group"
+    )
     assert torch.allclose(only[:3], unguided)
     assert torch.allclose(only[4:], every[4:]) and only[7] > 0  # group 1 all below 0.5: guided as before
     assert torch.equal(group_advantages(rewards, weights, 4, guided, "tempsamp", "group", tau=0.8), every)
 
 
 @pytest.mark.parametrize(("shaping", "all_negative"), [("none", True), ("tempsamp", False)])
-def test_shaping_keeps_good_sampled_answers_positive(tiny_model_dir, dataset, tmp_path, shaping, all_negative):
+def test_shaping_keeps_good_sampled_answers_positive(
+    tiny_model_dir, dataset, tmp_path, shaping, all_negative
+):
     """Sampled IoUs 0.8, 0.8, 0.79 against the guided answer's 1: plain group normalisation pushes all three
     below zero; TempSamp's Eq. 4 keeps the two 0.8 answers above the group mean."""
     trainer = guided_trainer(tiny_model_dir, dataset, tmp_path, shaping=shaping)
@@ -129,11 +145,17 @@ def test_shaping_keeps_good_sampled_answers_positive(tiny_model_dir, dataset, tm
     advantages = seen[0][1]["advantages"].view(-1, G)
     assert (advantages[:, -1] > 0).all()  # the guided answer wins
     assert bool((advantages[:, :-1] < 0).all()) is all_negative, advantages
-    logged = [e["guidance/groups_all_sampled_negative"] for e in trainer.state.log_history
-              if "guidance/groups_all_sampled_negative" in e]
+    logged = [
+        e["guidance/groups_all_sampled_negative"]
+        for e in trainer.state.log_history
+        if "guidance/groups_all_sampled_negative" in e
+    ]
     assert logged == [1.0 if all_negative else 0.0]
-    sampled = [e["guidance/sampled_accuracy_reward"] for e in trainer.state.log_history
-               if "guidance/sampled_accuracy_reward" in e]
+    sampled = [
+        e["guidance/sampled_accuracy_reward"]
+        for e in trainer.state.log_history
+        if "guidance/sampled_accuracy_reward" in e
+    ]
     assert sampled == [pytest.approx((0.8 + 0.8 + 0.79) / 3)]  # the policy's own answers only
 
 
@@ -148,26 +170,51 @@ def test_guided_batch_loss_equals_grpo_math(tiny_model_dir, dataset, tmp_path):
     mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
     trainer._video_rows = {k: output[k] for k in ("video_pixels", "video_grid_thw", "second_per_grid_ts")}
     with torch.no_grad():
-        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask,
-                                                                 output["completion_ids"].size(1))
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, mask, output["completion_ids"].size(1)
+        )
     trainer._video_rows = None
     old = output["old_per_token_logps"] if output.get("old_per_token_logps") is not None else logps
-    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, torch.zeros_like(logps), None)
+    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (
+        logps,
+        torch.zeros_like(logps),
+        None,
+    )
     trainer_loss = trainer._compute_loss(trainer.model, output)
-    module_loss = grpo_loss(logps, old, output["advantages"], output["completion_mask"].float(), epsilon_low=0.2,
-                            beta=0.04, ref_per_token_logps=output["ref_per_token_logps"])
+    module_loss = grpo_loss(
+        logps,
+        old,
+        output["advantages"],
+        output["completion_mask"].float(),
+        epsilon_low=0.2,
+        beta=0.04,
+        ref_per_token_logps=output["ref_per_token_logps"],
+    )
     assert trainer_loss.item() == pytest.approx(module_loss.item(), rel=1e-5, abs=1e-7)
 
 
-@pytest.mark.parametrize("options", [{"num_iterations": 2, "max_steps": 2}, {"steps_per_generation": 2, "max_steps": 2}],
-                         ids=["num_iterations", "steps_per_generation"])
+@pytest.mark.parametrize(
+    "options",
+    [{"num_iterations": 2, "max_steps": 2}, {"steps_per_generation": 2, "max_steps": 2}],
+    ids=["num_iterations", "steps_per_generation"],
+)
 def test_guidance_with_reused_generations(tiny_model_dir, dataset, tmp_path, options):
     trainer = guided_trainer(tiny_model_dir, dataset, tmp_path, **options)
     seen = capture_generations(trainer)
     trainer.train()
-    assert seen and all(sum(r == guided_completion_ids(trainer.processing_class.tokenizer, inputs[i],
-                                                       DEFAULT_ANSWER_TEMPLATE, trainer.eos_token_ids[0])
-                            for i, r in enumerate(completion_rows(output))) == len(inputs) // G
-                        for inputs, output in seen)
+    assert seen and all(
+        sum(
+            r
+            == guided_completion_ids(
+                trainer.processing_class.tokenizer,
+                inputs[i],
+                DEFAULT_ANSWER_TEMPLATE,
+                trainer.eos_token_ids[0],
+            )
+            for i, r in enumerate(completion_rows(output))
+        )
+        == len(inputs) // G
+        for inputs, output in seen
+    )
     losses = [float(e["loss"]) for e in trainer.state.log_history if "loss" in e]
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)

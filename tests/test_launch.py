@@ -24,23 +24,51 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_command(accelerate_config: str, tiny_model_dir: Path, output_dir: Path, *extra: str,
-                   recipe: str = "configs/grpo/demo_tiny.yaml", entry: tuple[str, ...] = ("-m", "video_grpo.grpo"),
-                   launcher: tuple[str, ...] = (), log_level: str = "info") -> list[str]:
+def launch_command(
+    accelerate_config: str,
+    tiny_model_dir: Path,
+    output_dir: Path,
+    *extra: str,
+    recipe: str = "configs/grpo/demo_tiny.yaml",
+    entry: tuple[str, ...] = ("-m", "video_grpo.grpo"),
+    launcher: tuple[str, ...] = (),
+    log_level: str = "info",
+) -> list[str]:
     """``accelerate launch`` of the entry point on a CPU twin of a GPU config (``cpu/zero3.yaml``...), in bf16
     as the twins and the GPU recipes are."""
     accelerate = Path(sys.executable).with_name("accelerate")
-    return [str(accelerate), "launch", "--config_file", f"configs/accelerate/{accelerate_config}",
-            *(launcher or ("--main_process_port", str(free_port()))), *entry,
-            "--config", recipe, "--model_name_or_path", str(tiny_model_dir),
-            "--output_dir", str(output_dir), "--max_steps", "2", "--log_level", log_level, "--bf16", "true",
-            # a reward that always varies within a group: every step has gradients, so "weights moved" is certain
-            "--reward_funcs", "iou", "format", "tests.launch_rewards:length_reward", *extra]
+    return [
+        str(accelerate),
+        "launch",
+        "--config_file",
+        f"configs/accelerate/{accelerate_config}",
+        *(launcher or ("--main_process_port", str(free_port()))),
+        *entry,
+        "--config",
+        recipe,
+        "--model_name_or_path",
+        str(tiny_model_dir),
+        "--output_dir",
+        str(output_dir),
+        "--max_steps",
+        "2",
+        "--log_level",
+        log_level,
+        "--bf16",
+        "true",
+        # a reward that always varies within a group: every step has gradients, so "weights moved" is certain
+        "--reward_funcs",
+        "iou",
+        "format",
+        "tests.launch_rewards:length_reward",
+        *extra,
+    ]
 
 
 def launch(*args, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(launch_command(*args, **kwargs), cwd=REPO, env=ENV, capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run(
+        launch_command(*args, **kwargs), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900
+    )
 
 
 def load(path) -> dict[str, torch.Tensor]:
@@ -58,14 +86,28 @@ def changed(initial: dict, trained: dict, part: str) -> bool:
 
 
 # ZeRO-3 also runs ground-truth-guided groups of 8 over 2 ranks of 4 rows: each group spans both ranks.
-GUIDED = ("--gt_guidance", "true", "--advantage_shaping", "tempsamp", "--per_device_train_batch_size", "4",
-          "--num_generations", "8")
+GUIDED = (
+    "--gt_guidance",
+    "true",
+    "--advantage_shaping",
+    "tempsamp",
+    "--per_device_train_batch_size",
+    "4",
+    "--num_generations",
+    "8",
+)
 
 
-@pytest.mark.parametrize(("config", "stage", "extra", "family"), [
-    ("cpu/zero2.yaml", 2, (), "qwen2_5_vl"), ("cpu/zero3.yaml", 3, GUIDED, "qwen2_5_vl"),
-    ("cpu/zero3.yaml", 3, (), "qwen3_vl"), ("cpu/zero3.yaml", 3, (), "qwen3_5"),
-], ids=["zero2", "zero3-guided", "zero3-qwen3_vl", "zero3-qwen3_5"])
+@pytest.mark.parametrize(
+    ("config", "stage", "extra", "family"),
+    [
+        ("cpu/zero2.yaml", 2, (), "qwen2_5_vl"),
+        ("cpu/zero3.yaml", 3, GUIDED, "qwen2_5_vl"),
+        ("cpu/zero3.yaml", 3, (), "qwen3_vl"),
+        ("cpu/zero3.yaml", 3, (), "qwen3_5"),
+    ],
+    ids=["zero2", "zero3-guided", "zero3-qwen3_vl", "zero3-qwen3_5"],
+)
 def test_accelerate_launch_trains_and_saves(family_model, tmp_path, config, stage, extra, family):
     out = tmp_path / "run"
     tiny_model_dir = family_model(family)

@@ -18,8 +18,13 @@ pytestmark = pytest.mark.learning
 
 
 def test_grpo_learns_to_look_and_plain_trl_does_not():
-    result = subprocess.run([sys.executable, "-m", "video_grpo.bench", "learning"], cwd=REPO,
-                            capture_output=True, text=True, timeout=1800)
+    result = subprocess.run(
+        [sys.executable, "-m", "video_grpo.bench", "learning"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     lines = {line["name"]: line for line in map(json.loads, result.stdout.splitlines())}  # JSON lines only
     print(json.dumps(lines, indent=1))

@@ -21,11 +21,14 @@ from video_grpo.families import QWEN2_5_VL
 from video_grpo.processing import encode_rows, generation_inputs, video_kwargs
 from video_grpo.video import SamplingConfig
 
-SAMPLING = SamplingConfig(fps=1.0, min_frames=2, max_frames=64, min_pixels=784, max_pixels=56 * 56, max_tokens=512)
+SAMPLING = SamplingConfig(
+    fps=1.0, min_frames=2, max_frames=64, min_pixels=784, max_pixels=56 * 56, max_tokens=512
+)
 
 
-def reference_positions(ids: list[int], video_token_id: int, grid: list[int], seconds: float,
-                        tokens_per_second: int, merge: int) -> torch.Tensor:
+def reference_positions(
+    ids: list[int], video_token_id: int, grid: list[int], seconds: float, tokens_per_second: int, merge: int
+) -> torch.Tensor:
     t, h, w = grid[0], grid[1] // merge, grid[2] // merge
     rows, position, i = [], 0, 0
     while i < len(ids):
@@ -33,8 +36,12 @@ def reference_positions(ids: list[int], video_token_id: int, grid: list[int], se
             rows.append((position, position, position))
             position, i = position + 1, i + 1
             continue
-        block = [(position + math.floor(k * seconds * tokens_per_second), position + r, position + c)
-                 for k in range(t) for r in range(h) for c in range(w)]
+        block = [
+            (position + math.floor(k * seconds * tokens_per_second), position + r, position + c)
+            for k in range(t)
+            for r in range(h)
+            for c in range(w)
+        ]
         rows += block
         i += len(block)
         position = max(max(p) for p in block) + 1
@@ -70,17 +77,28 @@ def test_loss_forward_and_generation_use_the_reference_layout(setup):
     ids = encoded["prompt_ids"][0]
     grid = encoded["video_grid_thw"][0].tolist()
     seconds = float(encoded["second_per_grid_ts"][0])
-    expected = reference_positions(ids, config.video_token_id, grid, seconds,
-                                   config.vision_config.tokens_per_second, config.vision_config.spatial_merge_size)
+    expected = reference_positions(
+        ids,
+        config.video_token_id,
+        grid,
+        seconds,
+        config.vision_config.tokens_per_second,
+        config.vision_config.spatial_merge_size,
+    )
     video_end = len(ids) - ids[::-1].index(config.video_token_id)
-    assert grid[0] >= 8 and expected[0, video_end] > expected[0, video_end - 1]  # a long clip: the rule matters here
+    assert (
+        grid[0] >= 8 and expected[0, video_end] > expected[0, video_end - 1]
+    )  # a long clip: the rule matters here
     assert expected[:, video_end].tolist() == [int(expected[:, :video_end].max()) + 1] * 3
 
     probe = LanguageModelPositions(model)
     input_ids = torch.tensor([ids])
     with torch.no_grad():  # the loss forward's path: video_kwargs, as VideoGRPOTrainer builds it
-        model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-              **video_kwargs(encoded, slice(0, 1), input_ids, config.video_token_id))
+        model(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            **video_kwargs(encoded, slice(0, 1), input_ids, config.video_token_id),
+        )
     assert torch.equal(probe.calls[-1][:, 0], expected)
 
     probe.calls.clear()
@@ -90,7 +108,10 @@ def test_loss_forward_and_generation_use_the_reference_layout(setup):
     prefill, *decoded = probe.calls
     assert torch.equal(prefill[:, 0], expected)
     last = int(expected.max())
-    assert [call[:, 0, -1].tolist() for call in decoded] == [[last + 1] * 3, [last + 2] * 3]  # decoding continues
+    assert [call[:, 0, -1].tolist() for call in decoded] == [
+        [last + 1] * 3,
+        [last + 2] * 3,
+    ]  # decoding continues
 
 
 def test_left_padded_rows_get_the_same_positions(setup):
@@ -98,10 +119,13 @@ def test_left_padded_rows_get_the_same_positions(setup):
     encoded = encode_rows(processor, rows + rows, QWEN2_5_VL)
     shorter = {**encoded, "prompt_ids": [encoded["prompt_ids"][0][3:], encoded["prompt_ids"][1]]}
     inputs = generation_inputs(shorter, processor.tokenizer.pad_token_id, model.config.video_token_id)
-    positions, deltas = model.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
-                                                   video_grid_thw=inputs["video_grid_thw"],
-                                                   second_per_grid_ts=inputs["second_per_grid_ts"],
-                                                   attention_mask=inputs["attention_mask"])
+    positions, deltas = model.model.get_rope_index(
+        inputs["input_ids"],
+        inputs["mm_token_type_ids"],
+        video_grid_thw=inputs["video_grid_thw"],
+        second_per_grid_ts=inputs["second_per_grid_ts"],
+        attention_mask=inputs["attention_mask"],
+    )
     # Row 0 lost 3 leading text tokens and is left-padded by 3: after the pads, its positions are row 1's minus 3.
     assert torch.equal(positions[:, 0, 3:], positions[:, 1, 3:] - 3)
     assert torch.equal(deltas[0], deltas[1])

@@ -13,7 +13,9 @@ from video_grpo.video import SamplingConfig, sampled_fps
 from .conftest import REFERENCE
 
 QWEN_DIR = REFERENCE / "qwen2_5_vl"
-pytestmark = pytest.mark.skipif(not (QWEN_DIR / "tokenizer_config.json").is_file(), reason=f"{QWEN_DIR} absent")
+pytestmark = pytest.mark.skipif(
+    not (QWEN_DIR / "tokenizer_config.json").is_file(), reason=f"{QWEN_DIR} absent"
+)
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +28,18 @@ def test_one_video_block_and_token_count(processor, train_file):
     rows = build_dataset(train_file, sampling=sampling).__getitems__([0, 0, 3])
     encoded = encode_rows(processor, rows, QWEN2_5_VL)
     tok = processor.tokenizer
-    start, pad, end = (tok.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"))
+    start, pad, end = (
+        tok.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>")
+    )
     assert (start, pad, end) == (151652, 151656, 151653)  # the real ids
     for i, ids in enumerate(encoded["prompt_ids"]):
         assert ids.count(start) == 1 and ids.count(end) == 1
         s, e = ids.index(start), ids.index(end)
         assert set(ids[s + 1 : e]) == {pad}  # one contiguous <|video_pad|> run inside the block
         assert ids.count(pad) == e - s - 1 == int(encoded["video_grid_thw"][i].prod()) // 4
-        assert encoded["second_per_grid_ts"][i].item() == pytest.approx(2 / sampled_fps(rows[i]["video_metadata"]))
+        assert encoded["second_per_grid_ts"][i].item() == pytest.approx(
+            2 / sampled_fps(rows[i]["video_metadata"])
+        )
     text = tok.decode(encoded["prompt_ids"][0])
     assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n")
     assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")

@@ -72,16 +72,41 @@ FRAMES = 8  # a 4 s clip at 2 fps
 # Qwen2.5-VL-3B-Instruct, hub config.json: the fields used here, as in ../shared/reference/qwen2_5_vl/3B/config.json
 # (see ../shared/reference/SOURCES.md; the file is read instead of this literal whenever it is present).
 QWEN2_5_VL_3B = {
-    "model_type": "qwen2_5_vl", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
-    "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
-    "max_position_embeddings": 128000, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "hidden_act": "silu",
+    "model_type": "qwen2_5_vl",
+    "hidden_size": 2048,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 128000,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "hidden_act": "silu",
     "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
-    "bos_token_id": 151643, "eos_token_id": 151645, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
-    "image_token_id": 151655, "video_token_id": 151656,
-    "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
-                      "num_heads": 16, "in_chans": 3, "out_hidden_size": 2048, "patch_size": 14,
-                      "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
-                      "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2, "temporal_patch_size": 2},
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_config": {
+        "depth": 32,
+        "hidden_act": "silu",
+        "hidden_size": 1280,
+        "intermediate_size": 3420,
+        "num_heads": 16,
+        "in_chans": 3,
+        "out_hidden_size": 2048,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "spatial_patch_size": 14,
+        "window_size": 112,
+        "fullatt_block_indexes": [7, 15, 23, 31],
+        "tokens_per_second": 2,
+        "temporal_patch_size": 2,
+    },
 }
 
 # Qwen3-VL-2B-Instruct. No copy of its hub config.json with a citable repository and path was found offline.
@@ -95,19 +120,41 @@ QWEN2_5_VL_3B = {
 # - Placeholder ids 151655/151656/151652/151653: the same xtuner file (Qwen3VLBaseConfig).
 QWEN3_VL_2B = {
     "text_config": {
-        "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 262144,
-        "rms_norm_eps": 1e-06, "hidden_act": "silu",
-        "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0, "mrope_interleaved": True,
-                            "mrope_section": [24, 20, 20]},
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 262144,
+        "rms_norm_eps": 1e-06,
+        "hidden_act": "silu",
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 5000000.0,
+            "mrope_interleaved": True,
+            "mrope_section": [24, 20, 20],
+        },
     },
     "vision_config": {
-        "depth": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_heads": 16, "out_hidden_size": 2048,
-        "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "num_position_embeddings": 2304,
-        "deepstack_visual_indexes": [5, 11, 17], "hidden_act": "gelu_pytorch_tanh",
+        "depth": 24,
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_heads": 16,
+        "out_hidden_size": 2048,
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "spatial_merge_size": 2,
+        "num_position_embeddings": 2304,
+        "deepstack_visual_indexes": [5, 11, 17],
+        "hidden_act": "gelu_pytorch_tanh",
     },
     "tie_word_embeddings": True,
-    "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
 }
 
 # Qwen3.5-0.8B: the config.json of Qwen/Qwen3.5-0.8B at hub revision 2fc06364, as quoted (minus token ids) in a
@@ -117,18 +164,41 @@ QWEN3_VL_2B = {
 # mrope [11, 11, 10]. Vision: the Qwen3-VL tower without DeepStack at 768 wide, 12 layers.
 QWEN3_5_0_8B = {
     "text_config": {
-        "hidden_size": 1024, "intermediate_size": 3584, "num_hidden_layers": 24, "num_attention_heads": 8,
-        "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 248320, "max_position_embeddings": 262144,
-        "rms_norm_eps": 1e-06, "hidden_act": "silu",
-        "layer_types": ["linear_attention"] * 3 + ["full_attention"],  # repeated 6 times in the published config
-        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
-        "linear_num_key_heads": 16, "linear_num_value_heads": 16,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
-                            "mrope_interleaved": True, "mrope_section": [11, 11, 10]},
+        "hidden_size": 1024,
+        "intermediate_size": 3584,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "vocab_size": 248320,
+        "max_position_embeddings": 262144,
+        "rms_norm_eps": 1e-06,
+        "hidden_act": "silu",
+        "layer_types": ["linear_attention"] * 3
+        + ["full_attention"],  # repeated 6 times in the published config
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 16,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000000,
+            "partial_rotary_factor": 0.25,
+            "mrope_interleaved": True,
+            "mrope_section": [11, 11, 10],
+        },
     },
     "vision_config": {
-        "depth": 12, "hidden_size": 768, "intermediate_size": 3072, "num_heads": 12, "out_hidden_size": 1024,
-        "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "num_position_embeddings": 2304,
+        "depth": 12,
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_heads": 12,
+        "out_hidden_size": 1024,
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "spatial_merge_size": 2,
+        "num_position_embeddings": 2304,
         "hidden_act": "gelu_pytorch_tanh",
     },
     "tie_word_embeddings": True,
@@ -138,23 +208,42 @@ QWEN3_5_0_8B = {
 # by several stored third-party copies (repositories not named by the search tool; /work/qwen3_findings.md 1b).
 # Qwen3.5 uses the same processor classes. The video sizes bound pixels of a whole clip; with pre-sized frames
 # (do_resize=False, as video_grpo calls it) only patch, merge and normalisation matter.
-QWEN3_PATCHES = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
-                 "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+QWEN3_PATCHES = {
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+}
 QWEN3_IMAGE_PROCESSOR = {**QWEN3_PATCHES, "size": {"shortest_edge": 65536, "longest_edge": 16777216}}
-QWEN3_VIDEO_PROCESSOR = {**QWEN3_PATCHES, "size": {"shortest_edge": 4096, "longest_edge": 25165824},
-                         "fps": 2, "min_frames": 4, "max_frames": 768}
+QWEN3_VIDEO_PROCESSOR = {
+    **QWEN3_PATCHES,
+    "size": {"shortest_edge": 4096, "longest_edge": 25165824},
+    "fps": 2,
+    "min_frames": 4,
+    "max_frames": 768,
+}
 # Qwen3's added tokens after Qwen2.5's last one (<|file_sep|> 151664): a stored copy of Qwen3-4B's
 # tokenizer_config.json (akougkas/warpio-cli warpio-docs/ai-docs/model_cards/qwen3:4b.md); Qwen3-VL shares it.
-QWEN3_ADDED_TOKENS = {"<tool_response>": 151665, "</tool_response>": 151666, "<think>": 151667, "</think>": 151668}
+QWEN3_ADDED_TOKENS = {
+    "<tool_response>": 151665,
+    "</tool_response>": 151666,
+    "<think>": 151667,
+    "</think>": 151668,
+}
 
 # Per-frame pixel range of the recipes (configs/grpo/): 16..256 visual tokens per frame pair.
-RECIPES = {"qwen2_5_vl": REPO / "configs/grpo/qwen2_5_vl_7b_charades.yaml",
-           "qwen3_vl": REPO / "configs/grpo/qwen3_vl_8b_charades.yaml",
-           "qwen3_5": REPO / "configs/grpo/qwen3_vl_8b_charades.yaml"}  # same 32-px geometry, no Qwen3.5 recipe
+RECIPES = {
+    "qwen2_5_vl": REPO / "configs/grpo/qwen2_5_vl_7b_charades.yaml",
+    "qwen3_vl": REPO / "configs/grpo/qwen3_vl_8b_charades.yaml",
+    "qwen3_5": REPO / "configs/grpo/qwen3_vl_8b_charades.yaml",
+}  # same 32-px geometry, no Qwen3.5 recipe
 # What the sampler makes of the 640x360 clip under those bounds, and the visual tokens that follow.
-EXPECTED = {"qwen2_5_vl": {"frame": (336, 588), "tokens": 4 * 12 * 21},
-            "qwen3_vl": {"frame": (352, 640), "tokens": 4 * 11 * 20},
-            "qwen3_5": {"frame": (352, 640), "tokens": 4 * 11 * 20}}
+EXPECTED = {
+    "qwen2_5_vl": {"frame": (336, 588), "tokens": 4 * 12 * 21},
+    "qwen3_vl": {"frame": (352, 640), "tokens": 4 * 11 * 20},
+    "qwen3_5": {"frame": (352, 640), "tokens": 4 * 11 * 20},
+}
 
 
 def crc_reward(completions, **kwargs) -> list[float]:
@@ -166,10 +255,24 @@ def crc_reward(completions, **kwargs) -> list[float]:
 def clip(tmp_path_factory):
     """A 4 s, 640x360, 30 fps H.264 clip and a one-query annotation file next to it."""
     folder = tmp_path_factory.mktemp("clip")
-    ffmpeg("-f", "lavfi", "-i", "testsrc2=size=640x360:rate=30:duration=4", "-c:v", "libx264",
-           "-pix_fmt", "yuv420p", str(folder / "clip.mp4"))
-    record = {"id": "clip_0", "video": "clip.mp4", "duration": 4.0, "solution": [1.0, 2.5],
-              "sentence": "the moving pattern changes colour"}
+    ffmpeg(
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc2=size=640x360:rate=30:duration=4",
+        "-c:v",
+        "libx264",
+        "-pix_fmt",
+        "yuv420p",
+        str(folder / "clip.mp4"),
+    )
+    record = {
+        "id": "clip_0",
+        "video": "clip.mp4",
+        "duration": 4.0,
+        "solution": [1.0, 2.5],
+        "sentence": "the moving pattern changes colour",
+    }
     (folder / "train.jsonl").write_text(json.dumps(record) + "\n")
     return folder / "train.jsonl"
 
@@ -202,12 +305,18 @@ def qwen3_processor(family: str, reference_dir):
     return transformers.Qwen3VLProcessor(
         image_processor=transformers.Qwen2VLImageProcessor(**QWEN3_IMAGE_PROCESSOR),
         video_processor=transformers.Qwen3VLVideoProcessor(**QWEN3_VIDEO_PROCESSOR),
-        tokenizer=tokenizer, chat_template=template)
+        tokenizer=tokenizer,
+        chat_template=template,
+    )
 
 
 def placeholder_ids(tokenizer) -> dict:
-    names = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
-             "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
+    names = {
+        "image_token_id": "<|image_pad|>",
+        "video_token_id": "<|video_pad|>",
+        "vision_start_token_id": "<|vision_start|>",
+        "vision_end_token_id": "<|vision_end|>",
+    }
     return {key: tokenizer.convert_tokens_to_ids(token) for key, token in names.items()}
 
 
@@ -222,10 +331,18 @@ def qwen2_5_vl_model(reference_dir):
     import transformers
 
     config_file = QWEN_DIR / "3B" / "config.json"
-    published = json.loads(config_file.read_text()) if USE_REFERENCE and config_file.is_file() else QWEN2_5_VL_3B
-    published = {**published, "num_hidden_layers": TEXT_LAYERS,
-                 "vision_config": {**published["vision_config"], "depth": VISION_LAYERS,
-                                   "fullatt_block_indexes": [VISION_LAYERS - 1]}}
+    published = (
+        json.loads(config_file.read_text()) if USE_REFERENCE and config_file.is_file() else QWEN2_5_VL_3B
+    )
+    published = {
+        **published,
+        "num_hidden_layers": TEXT_LAYERS,
+        "vision_config": {
+            **published["vision_config"],
+            "depth": VISION_LAYERS,
+            "fullatt_block_indexes": [VISION_LAYERS - 1],
+        },
+    }
     if reference_dir is None:
         from video_grpo import tiny
 
@@ -257,22 +374,30 @@ def qwen3_model(family: str, reference_dir):
     if family == "qwen3_vl" and reference_dir is not None:
         assert ids == {k: published[k] for k in ids}  # the stand-in tokenizer has the published ids
     config_class = transformers.Qwen3VLConfig if family == "qwen3_vl" else transformers.Qwen3_5Config
-    config = config_class(text_config=text, vision_config=vision,
-                          tie_word_embeddings=published["tie_word_embeddings"], **ids)
-    model_class = (transformers.Qwen3VLForConditionalGeneration if family == "qwen3_vl"
-                   else transformers.Qwen3_5ForConditionalGeneration)
+    config = config_class(
+        text_config=text, vision_config=vision, tie_word_embeddings=published["tie_word_embeddings"], **ids
+    )
+    model_class = (
+        transformers.Qwen3VLForConditionalGeneration
+        if family == "qwen3_vl"
+        else transformers.Qwen3_5ForConditionalGeneration
+    )
     return model_class, config, processor
 
 
 def build_real_width_model(family: str, folder, reference_dir):
     """Build, save in bf16 (half the disk; TRL loads it back as float32), and free the model."""
-    model_class, config, processor = (qwen2_5_vl_model(reference_dir) if family == "qwen2_5_vl"
-                                      else qwen3_model(family, reference_dir))
+    model_class, config, processor = (
+        qwen2_5_vl_model(reference_dir) if family == "qwen2_5_vl" else qwen3_model(family, reference_dir)
+    )
     torch.manual_seed(0)
     model = model_class(config)
     parameters = sum(p.numel() for p in model.parameters())
-    model.generation_config = GenerationConfig(eos_token_id=[config.text_config.eos_token_id],
-                                               pad_token_id=config.text_config.pad_token_id, do_sample=True)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[config.text_config.eos_token_id],
+        pad_token_id=config.text_config.pad_token_id,
+        do_sample=True,
+    )
     model.to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
     processor.save_pretrained(folder)
     del model
@@ -297,17 +422,37 @@ def test_one_grpo_step_at_real_widths(family, clip, qwen_processor_dir, tmp_path
     args = script_args_from_yaml(str(RECIPES[family]))
     fam = FAMILIES[family]
     sampling = SamplingConfig.from_args(args, fam)
-    assert sampling.fps == 2.0 and sampling.min_pixels <= 16 * fam.pixels_per_token < 256 * fam.pixels_per_token \
-        <= sampling.max_pixels  # the recipes' per-frame range
+    assert (
+        sampling.fps == 2.0
+        and sampling.min_pixels
+        <= 16 * fam.pixels_per_token
+        < 256 * fam.pixels_per_token
+        <= sampling.max_pixels
+    )  # the recipes' per-frame range
     dataset = build_dataset(clip, sampling=sampling)
     trainer = VideoGRPOTrainer(
         model=str(model_dir),
         reward_funcs=[crc_reward, iou_reward],
-        args=GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
-                        max_completion_length=8, max_steps=1, learning_rate=1e-2, optim="sgd", beta=0.0,
-                        bf16=False, use_cpu=True, report_to="none", save_strategy="no",
-                        gradient_checkpointing=False, logging_steps=1, loss_type="grpo", seed=0,
-                        dataloader_num_workers=0, model_init_kwargs={"dtype": "float32"}),
+        args=GRPOConfig(
+            output_dir=str(tmp_path / "out"),
+            per_device_train_batch_size=2,
+            num_generations=2,
+            max_completion_length=8,
+            max_steps=1,
+            learning_rate=1e-2,
+            optim="sgd",
+            beta=0.0,
+            bf16=False,
+            use_cpu=True,
+            report_to="none",
+            save_strategy="no",
+            gradient_checkpointing=False,
+            logging_steps=1,
+            loss_type="grpo",
+            seed=0,
+            dataloader_num_workers=0,
+            model_init_kwargs={"dtype": "float32"},
+        ),
         train_dataset=dataset,
         processing_class=AutoProcessor.from_pretrained(model_dir),
     )
@@ -319,8 +464,11 @@ def test_one_grpo_step_at_real_widths(family, clip, qwen_processor_dir, tmp_path
     # the step ran, its loss is finite, and the vision tower, down to its patch embedding, was trained
     assert trainer.state.global_step == 1 and math.isfinite(result.training_loss)
     assert probe.encoder_calls_with_grad >= 1
-    moved = {name.split(".")[0] for name, p in trainer.model.model.visual.named_parameters()
-             if not torch.equal(before[name], p.detach())}
+    moved = {
+        name.split(".")[0]
+        for name, p in trainer.model.model.visual.named_parameters()
+        if not torch.equal(before[name], p.detach())
+    }
     assert {"patch_embed", "blocks", "merger"} <= moved, moved
 
     # the prompt holds one <|video_pad|> per visual token of the grid, and the grid is the sampled frames'
@@ -339,13 +487,18 @@ def test_one_grpo_step_at_real_widths(family, clip, qwen_processor_dir, tmp_path
     if fam.time_in_text:  # one "<t seconds>" per temporal patch: the mean time of its two frames
         times = dataset[0]["video_metadata"]["timestamps"]
         assert stamps == [f"{(times[k] + times[k + 1]) / 2:.1f}" for k in range(0, FRAMES, 2)]
-        assert len(stamps) == int(grid[0][0]) and [float(s) for s in stamps] == pytest.approx([0.25, 1.25, 2.25, 3.25],
-                                                                                              abs=0.051)
+        assert len(stamps) == int(grid[0][0]) and [float(s) for s in stamps] == pytest.approx(
+            [0.25, 1.25, 2.25, 3.25], abs=0.051
+        )
     else:
-        assert stamps == [] and loss_forward["second_per_grid_ts"].tolist() == pytest.approx([1.0, 1.0], rel=1e-3)
+        assert stamps == [] and loss_forward["second_per_grid_ts"].tolist() == pytest.approx(
+            [1.0, 1.0], rel=1e-3
+        )
 
-    print(f"\n{family}: {parameters / 1e6:.0f}M parameters, {EXPECTED[family]['tokens']} visual tokens, prompt "
-          f"{loss_forward['input_ids'].shape[1]} tokens with the completion; build+save {built - start:.1f} s, "
-          f"load {loaded - built:.1f} s, step {trained - loaded:.1f} s, total {trained - start:.1f} s; "
-          f"peak RSS of this process so far {rss_gb():.1f} GB; loss {result.training_loss:.4g}; "
-          f"{'real' if USE_REFERENCE else 'tiny fallback'} tokenizer")
+    print(
+        f"\n{family}: {parameters / 1e6:.0f}M parameters, {EXPECTED[family]['tokens']} visual tokens, prompt "
+        f"{loss_forward['input_ids'].shape[1]} tokens with the completion; build+save {built - start:.1f} s, "
+        f"load {loaded - built:.1f} s, step {trained - loaded:.1f} s, total {trained - start:.1f} s; "
+        f"peak RSS of this process so far {rss_gb():.1f} GB; loss {result.training_loss:.4g}; "
+        f"{'real' if USE_REFERENCE else 'tiny fallback'} tokenizer"
+    )

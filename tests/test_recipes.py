@@ -33,8 +33,13 @@ def test_shipped_recipe_builds_a_trainer(recipe, family_model, tmp_path):
     shipped = yaml.safe_load(recipe.read_text())
     family = recipe_family(shipped["model_name_or_path"])
     tiny_model_dir = family_model(family)
-    swapped = {**{k: v for k, v in shipped.items() if k not in DATA_FIELDS}, "model_name_or_path": str(tiny_model_dir),
-               "train_file": str(SAMPLES / "train.jsonl"), "output_dir": str(tmp_path / "out"), "use_cpu": True}
+    swapped = {
+        **{k: v for k, v in shipped.items() if k not in DATA_FIELDS},
+        "model_name_or_path": str(tiny_model_dir),
+        "train_file": str(SAMPLES / "train.jsonl"),
+        "output_dir": str(tmp_path / "out"),
+        "use_cpu": True,
+    }
     if shipped.get("eval_file"):
         swapped["eval_file"] = str(SAMPLES / "test.jsonl")
     path = tmp_path / recipe.name
@@ -43,7 +48,14 @@ def test_shipped_recipe_builds_a_trainer(recipe, family_model, tmp_path):
     validate_recipe(script_args, training_args, model_args)
     trainer = build_trainer(script_args, training_args, model_args)
     assert isinstance(trainer, VideoGRPOTrainer) and trainer.family.name == family
-    for key in ("num_generations", "learning_rate", "beta", "temperature", "max_completion_length", "report_to"):
+    for key in (
+        "num_generations",
+        "learning_rate",
+        "beta",
+        "temperature",
+        "max_completion_length",
+        "report_to",
+    ):
         if key in shipped:
             value, expected = getattr(trainer.args, key), shipped[key]
             expected = [] if expected == "none" else expected

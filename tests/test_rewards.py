@@ -35,8 +35,16 @@ def test_iou_reward_on_known_spans_and_clipping():
 
 @pytest.mark.parametrize(
     "completion",
-    ["", "no answer at all", "<answer>soon</answer>", "<answer>9 to 3</answer>", "<answer>-1 to 3</answer>",
-     "<answer>nan to inf</answer>", "<answer>1 to 99999999</answer>", "<answer>2 to 5"],
+    [
+        "",
+        "no answer at all",
+        "<answer>soon</answer>",
+        "<answer>9 to 3</answer>",
+        "<answer>-1 to 3</answer>",
+        "<answer>nan to inf</answer>",
+        "<answer>1 to 99999999</answer>",
+        "<answer>2 to 5",
+    ],
 )
 def test_unparsable_gives_zero(completion):
     assert parse_span(completion) is None
@@ -45,8 +53,14 @@ def test_unparsable_gives_zero(completion):
 
 @pytest.mark.parametrize(
     ("answer", "span"),
-    [("3 to 7", (3, 7)), ("3.25 to 7.5", (3.25, 7.5)), ("from 3s to 7 seconds", (3, 7)),
-     ("0:30 to 1:05", (30, 65)), ("1:00:00 to 1:00:30.5", (3600, 3630.5)), ("3 - 7", (3, 7))],
+    [
+        ("3 to 7", (3, 7)),
+        ("3.25 to 7.5", (3.25, 7.5)),
+        ("from 3s to 7 seconds", (3, 7)),
+        ("0:30 to 1:05", (30, 65)),
+        ("1:00:00 to 1:00:30.5", (3600, 3630.5)),
+        ("3 - 7", (3, 7)),
+    ],
 )
 def test_span_forms(answer, span):
     assert parse_span(f"<answer>{answer}</answer>") == pytest.approx(span)
@@ -73,7 +87,13 @@ def test_format_cases():
 
 def test_format_soft_is_graded():
     scores = format_soft_reward(
-        completions=["", "<think>x</think>", "<think>x</think><answer>?</answer>", GOOD, "<answer>1 to 2</answer>"]
+        completions=[
+            "",
+            "<think>x</think>",
+            "<think>x</think><answer>?</answer>",
+            GOOD,
+            "<answer>1 to 2</answer>",
+        ]
     )
     assert scores == [0.0, 0.25, 0.75, 1.0, 0.5]
 
@@ -85,8 +105,16 @@ def test_conversational_completions():
 
 
 def test_rewards_accept_trl_call_signature():
-    kwargs = {"prompts": [[{"role": "user", "content": "q"}]], "completion_ids": [[1, 2]], "solution": [[1, 2]],
-              "duration": [5.0], "trainer_state": None, "log_extra": None, "log_metric": None, "video_frames": [None]}
+    kwargs = {
+        "prompts": [[{"role": "user", "content": "q"}]],
+        "completion_ids": [[1, 2]],
+        "solution": [[1, 2]],
+        "duration": [5.0],
+        "trainer_state": None,
+        "log_extra": None,
+        "log_metric": None,
+        "video_frames": [None],
+    }
     for func in REWARD_FUNCS.values():
         out = func(completions=[GOOD], **kwargs)
         assert len(out) == 1 and isinstance(out[0], float) and math.isfinite(out[0])

@@ -23,17 +23,27 @@ from .test_trainer import SAMPLING, make_trainer
 
 
 def test_iou_dist():
-    out = iou_dist_reward(completions=["<answer>1 to 5</answer>", "<answer>0 to 4</answer>", "<answer>6 to 9</answer>"],
-                          solution=[[0, 4]] * 3, duration=[10] * 3)
+    out = iou_dist_reward(
+        completions=["<answer>1 to 5</answer>", "<answer>0 to 4</answer>", "<answer>6 to 9</answer>"],
+        solution=[[0, 4]] * 3,
+        duration=[10] * 3,
+    )
     assert out == pytest.approx([0.6 * 0.9 * 0.9, 1.0, 0.0])
 
 
 def test_multi_span_iou_union_matching():
     gt = [[0, 2], [4, 6]]
     out = multi_span_iou_reward(
-        completions=["<answer>0 to 2; 4 to 6</answer>", "<answer>0 to 6</answer>", "<answer>0 to 2, 0 to 2</answer>",
-                     "<answer>4 to 6</answer>", "<answer>none</answer>"],
-        solution=[gt] * 5, duration=[10] * 5)
+        completions=[
+            "<answer>0 to 2; 4 to 6</answer>",
+            "<answer>0 to 6</answer>",
+            "<answer>0 to 2, 0 to 2</answer>",
+            "<answer>4 to 6</answer>",
+            "<answer>none</answer>",
+        ],
+        solution=[gt] * 5,
+        duration=[10] * 5,
+    )
     assert out == pytest.approx([1.0, 4 / 6, 0.5, 0.5, 0.0])
     assert multi_span_iou_reward(completions=["<answer>1 to 3</answer>"], solution=[[1, 3]]) == [1.0]
 
@@ -78,8 +88,13 @@ completion_text_strategy = st.lists(st.sampled_from(PIECES), max_size=80).map(""
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(completion=completion_text_strategy, start=st.floats(0, 100), length=st.floats(0.1, 50),
-       duration=st.floats(1, 200), conversational=st.booleans())
+@given(
+    completion=completion_text_strategy,
+    start=st.floats(0, 100),
+    length=st.floats(0.1, 50),
+    duration=st.floats(1, 200),
+    conversational=st.booleans(),
+)
 def test_rewards_never_raise_and_stay_in_range(completion, start, length, duration, conversational):
     completions = [[{"role": "assistant", "content": completion}]] if conversational else [completion]
     for name, func in REWARD_FUNCS.items():
@@ -89,10 +104,13 @@ def test_rewards_never_raise_and_stay_in_range(completion, start, length, durati
         assert low <= out[0] <= 1.0 + 1e-9, (name, completion, out)
 
 
-def test_plugin_reward_from_outside_the_package_trains_one_step(tiny_model_dir, train_file, tmp_path, monkeypatch):
+def test_plugin_reward_from_outside_the_package_trains_one_step(
+    tiny_model_dir, train_file, tmp_path, monkeypatch
+):
     plugin_dir = tmp_path / "plugins"
     plugin_dir.mkdir()
-    (plugin_dir / "my_grounding_rewards.py").write_text(textwrap.dedent('''
+    (plugin_dir / "my_grounding_rewards.py").write_text(
+        textwrap.dedent("""
         from video_grpo.rewards import completion_text
 
         CALLS = []
@@ -100,11 +118,13 @@ def test_plugin_reward_from_outside_the_package_trains_one_step(tiny_model_dir, 
         def answer_length(completions, solution, duration, **kwargs):
             CALLS.append(len(completions))
             return [min(1.0, len(completion_text(c)) / 100) for c in completions]
-    '''))
+    """)
+    )
     monkeypatch.syspath_prepend(str(plugin_dir))
     reward_funcs = resolve_reward_funcs(["iou", "my_grounding_rewards:answer_length"])
-    trainer = make_trainer(tiny_model_dir, build_dataset(train_file, sampling=SAMPLING), tmp_path,
-                           reward_funcs=reward_funcs)
+    trainer = make_trainer(
+        tiny_model_dir, build_dataset(train_file, sampling=SAMPLING), tmp_path, reward_funcs=reward_funcs
+    )
     trainer.train()
     import my_grounding_rewards
 

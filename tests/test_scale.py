@@ -17,16 +17,47 @@ from .test_launch import ENV, changed, free_port, launch, launch_command, load
 @pytest.mark.launch
 def test_lora_trains_saves_and_merges(tiny_model_dir, tmp_path):
     out = tmp_path / "lora"
-    result = launch("cpu/zero2.yaml", tiny_model_dir, out, "--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16",
-                    "--lora_target_modules", "q_proj", "v_proj", "--beta", "0.04", "--learning_rate", "1e-2")
+    result = launch(
+        "cpu/zero2.yaml",
+        tiny_model_dir,
+        out,
+        "--use_peft",
+        "true",
+        "--lora_r",
+        "8",
+        "--lora_alpha",
+        "16",
+        "--lora_target_modules",
+        "q_proj",
+        "v_proj",
+        "--beta",
+        "0.04",
+        "--learning_rate",
+        "1e-2",
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     adapter = load_file(out / "adapter_model.safetensors")
     assert adapter and all("lora_" in name for name in adapter)
-    assert any(entry.get("kl") is not None for entry in __import__("json").loads(
-        (out / "trainer_state.json").read_text())["log_history"])  # beta > 0: the adapter-off base is the reference
+    assert any(
+        entry.get("kl") is not None
+        for entry in __import__("json").loads((out / "trainer_state.json").read_text())["log_history"]
+    )  # beta > 0: the adapter-off base is the reference
     merged_dir = tmp_path / "merged"
-    merge = subprocess.run([sys.executable, "-m", "video_grpo.merge_lora", "--adapter_dir", str(out), "--output_dir",
-                            str(merged_dir)], cwd=REPO, env=ENV, capture_output=True, text=True)
+    merge = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "video_grpo.merge_lora",
+            "--adapter_dir",
+            str(out),
+            "--output_dir",
+            str(merged_dir),
+        ],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
     assert merge.returncode == 0, merge.stderr[-3000:]
     initial, merged = load(tiny_model_dir), load(merged_dir)
     assert changed(initial, merged, "language")  # the LoRA delta is in the merged weights
@@ -48,13 +79,21 @@ def test_zero3_offload_runs_on_cpu(tiny_model_dir, tmp_path):
     result = launch("cpu/zero3_offload.yaml", tiny_model_dir, out)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-5000:]
-    assert "zero_stage=3" in log and "Adam Optimizer #0 is created" in log  # DeepSpeedCPUAdam: optimizer offloaded
+    assert (
+        "zero_stage=3" in log and "Adam Optimizer #0 is created" in log
+    )  # DeepSpeedCPUAdam: optimizer offloaded
     assert changed(load(tiny_model_dir), load(out), "vision")
 
 
-@pytest.mark.parametrize(("name", "processes", "machines", "stage", "offload"),
-                         [("zero2.yaml", 8, 1, 2, "none"), ("zero3.yaml", 8, 1, 3, "none"),
-                          ("zero3_offload.yaml", 8, 1, 3, "cpu"), ("multi_node_zero3.yaml", 16, 2, 3, "none")])
+@pytest.mark.parametrize(
+    ("name", "processes", "machines", "stage", "offload"),
+    [
+        ("zero2.yaml", 8, 1, 2, "none"),
+        ("zero3.yaml", 8, 1, 3, "none"),
+        ("zero3_offload.yaml", 8, 1, 3, "cpu"),
+        ("multi_node_zero3.yaml", 16, 2, 3, "none"),
+    ],
+)
 def test_gpu_configs_are_valid_accelerate_configs(name, processes, machines, stage, offload):
     from accelerate.commands.config.config_args import load_config_from_file
 
@@ -75,7 +114,10 @@ def test_every_gpu_config_has_a_cpu_twin_that_differs_only_in_device_and_process
 
     folder = REPO / "configs" / "accelerate"
     gpu, twin = (yaml.safe_load(path.read_text()) for path in (folder / name, folder / "cpu" / name))
-    assert {key for key in gpu.keys() | twin.keys() if gpu.get(key) != twin.get(key)} == {"use_cpu", "num_processes"}
+    assert {key for key in gpu.keys() | twin.keys() if gpu.get(key) != twin.get(key)} == {
+        "use_cpu",
+        "num_processes",
+    }
     assert twin["use_cpu"] is True and twin["num_processes"] == 2 and twin["mixed_precision"] == "bf16"
     load_config_from_file(str(folder / "cpu" / name))  # and accelerate accepts it
     launched = "\n".join(path.read_text() for path in (REPO / "tests").glob("test_*.py"))
@@ -86,9 +128,29 @@ def test_every_gpu_config_has_a_cpu_twin_that_differs_only_in_device_and_process
 def test_multi_node_twin_trains_on_two_nodes(tiny_model_dir, tmp_path):
     """Two `accelerate launch` "nodes" (machine_rank 0 and 1) on this machine, one process each, ZeRO-3, bf16."""
     out, port = tmp_path / "run", free_port()
-    nodes = [subprocess.Popen(launch_command("cpu/multi_node_zero3.yaml", tiny_model_dir, out, launcher=(
-        "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port))),
-        cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    nodes = [
+        subprocess.Popen(
+            launch_command(
+                "cpu/multi_node_zero3.yaml",
+                tiny_model_dir,
+                out,
+                launcher=(
+                    "--machine_rank",
+                    str(rank),
+                    "--main_process_ip",
+                    "127.0.0.1",
+                    "--main_process_port",
+                    str(port),
+                ),
+            ),
+            cwd=REPO,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     logs = [node.communicate(timeout=900)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
     assert "distributed_type=DEEPSPEED num_processes=2 zero_stage=3" in logs[0]
@@ -108,8 +170,12 @@ def test_frozen_vision_tower_in_process(tiny_model_dir, train_file, tmp_path):
 
     from .test_trainer import SAMPLING, make_trainer, vision_snapshot
 
-    trainer = make_trainer(tiny_model_dir, build_dataset(train_file, sampling=SAMPLING), tmp_path,
-                           trainer_kwargs={"freeze_vision_tower": True})
+    trainer = make_trainer(
+        tiny_model_dir,
+        build_dataset(train_file, sampling=SAMPLING),
+        tmp_path,
+        trainer_kwargs={"freeze_vision_tower": True},
+    )
     before = vision_snapshot(trainer.model)
     trainer.train()
     assert all(torch.equal(before[n], p) for n, p in trainer.model.model.visual.named_parameters())

@@ -25,6 +25,7 @@ QWEN3_SAMPLING = dataclasses.replace(SAMPLING, min_pixels=1024, max_pixels=64 * 
 def family_dataset(train_file, family: str):
     return build_dataset(train_file, sampling=SAMPLING if family == "qwen2_5_vl" else QWEN3_SAMPLING)
 
+
 LOGP_TOL, LOSS_RTOL, GRAD_RTOL = 1e-5, 1e-6, 1e-4
 
 
@@ -35,6 +36,7 @@ def dataset(train_file):
 
 def micro_batch(output: dict, rows: slice) -> dict:
     """Rows of a generation batch, as TRL's split hands them to the loss."""
+
     def take(value):
         if isinstance(value, torch.Tensor) and value.ndim > 0 or isinstance(value, list):
             return value[rows]
@@ -100,15 +102,32 @@ def assert_same_loss_and_grads(trainer, inputs: dict, tower_trains: bool = True)
 CASES = {
     # two prompts per micro-batch, reference copy, old-policy pass, two micro-batches per generation
     "beta_ref_copy-num_iterations2-two_prompts": dict(
-        overrides={"beta": 0.04, "num_iterations": 2, "steps_per_generation": 2, "per_device_train_batch_size": 4,
-                   "num_generations": 2, "gradient_checkpointing": True}),
+        overrides={
+            "beta": 0.04,
+            "num_iterations": 2,
+            "steps_per_generation": 2,
+            "per_device_train_batch_size": 4,
+            "num_generations": 2,
+            "gradient_checkpointing": True,
+        }
+    ),
     # half a group per micro-batch, LoRA (reference = adapter off), frozen tower
     "beta_lora-half_group-frozen_tower": dict(
-        overrides={"beta": 0.04, "steps_per_generation": 2, "per_device_train_batch_size": 2, "num_generations": 4},
-        trainer_kwargs={"freeze_vision_tower": True,
-                        "peft_config": LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])}),
-    "beta0-qwen3_vl": dict(family="qwen3_vl", overrides={"per_device_train_batch_size": 4, "num_generations": 4,
-                                                           "num_iterations": 2}),
+        overrides={
+            "beta": 0.04,
+            "steps_per_generation": 2,
+            "per_device_train_batch_size": 2,
+            "num_generations": 4,
+        },
+        trainer_kwargs={
+            "freeze_vision_tower": True,
+            "peft_config": LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        },
+    ),
+    "beta0-qwen3_vl": dict(
+        family="qwen3_vl",
+        overrides={"per_device_train_batch_size": 4, "num_generations": 4, "num_iterations": 2},
+    ),
 }
 
 
@@ -117,8 +136,14 @@ def test_shared_prefix_matches_plain_path(case, tiny_model_dir, family_model, da
     spec = CASES[case]
     model_dir = family_model(spec["family"]) if "family" in spec else tiny_model_dir
     data = dataset if "family" not in spec else family_dataset(train_file, spec["family"])
-    trainer = make_trainer(model_dir, data, tmp_path, max_completion_length=12,
-                           trainer_kwargs=spec.get("trainer_kwargs"), **spec["overrides"])
+    trainer = make_trainer(
+        model_dir,
+        data,
+        tmp_path,
+        max_completion_length=12,
+        trainer_kwargs=spec.get("trainer_kwargs"),
+        **spec["overrides"],
+    )
     assert trainer.shared_prefix and trainer.shared_prefill
     prefills = prefill_rows(trainer.model)
     plain = generate(trainer, shared=False)
@@ -133,19 +158,29 @@ def test_shared_prefix_matches_plain_path(case, tiny_model_dir, family_model, da
         if plain.get(key) is not None:
             torch.testing.assert_close(shared[key], plain[key], rtol=0, atol=LOGP_TOL)
             compared += 1
-    assert compared == (int(trainer.num_iterations > 1 or trainer.args.steps_per_generation > 1)
-                        + int(trainer.beta != 0))
+    assert compared == (
+        int(trainer.num_iterations > 1 or trainer.args.steps_per_generation > 1) + int(trainer.beta != 0)
+    )
     assert trainer.prefix_positions[1] < trainer.prefix_positions[0]
     size = trainer.args.per_device_train_batch_size
     for start in range(0, plain["completion_ids"].shape[0], size):
-        assert_same_loss_and_grads(trainer, micro_batch(plain, slice(start, start + size)),
-                                   tower_trains=not spec.get("trainer_kwargs", {}).get("freeze_vision_tower"))
+        assert_same_loss_and_grads(
+            trainer,
+            micro_batch(plain, slice(start, start + size)),
+            tower_trains=not spec.get("trainer_kwargs", {}).get("freeze_vision_tower"),
+        )
 
 
 def test_answer_shapes_and_entropies(tiny_model_dir, dataset, tmp_path):
     """One micro-batch with a 1-token answer, an EOS-terminated one, a clipped one and a fully masked one."""
-    trainer = make_trainer(tiny_model_dir, dataset, tmp_path, max_completion_length=10, per_device_train_batch_size=4,
-                           num_generations=4)
+    trainer = make_trainer(
+        tiny_model_dir,
+        dataset,
+        tmp_path,
+        max_completion_length=10,
+        per_device_train_batch_size=4,
+        num_generations=4,
+    )
     inputs = micro_batch(generate(trainer, shared=False), slice(0, 4))
     ids, mask = inputs["completion_ids"].clone(), torch.zeros_like(inputs["completion_mask"])
     eos = trainer.eos_token_ids[0]
@@ -161,10 +196,13 @@ def test_answer_shapes_and_entropies(tiny_model_dir, dataset, tmp_path):
     results = {}
     for shared in (False, True):
         trainer.shared_prefix = shared
-        trainer._video_rows = {key: inputs[key] for key in ("video_pixels", "video_grid_thw", "second_per_grid_ts")}
+        trainer._video_rows = {
+            key: inputs[key] for key in ("video_pixels", "video_grid_thw", "second_per_grid_ts")
+        }
         with torch.no_grad():
             results[shared] = trainer._get_per_token_logps_and_entropies(
-                trainer.model, full_ids, full_mask, ids.shape[1], compute_entropy=True)
+                trainer.model, full_ids, full_mask, ids.shape[1], compute_entropy=True
+            )
         trainer._video_rows = None
     for got, want in zip(results[True][:2], results[False][:2], strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=LOGP_TOL)
@@ -174,14 +212,19 @@ def test_answer_shapes_and_entropies(tiny_model_dir, dataset, tmp_path):
 
 def no_leak(trainer, inputs: dict) -> torch.Tensor:
     """Largest change in rows 1.. log-probs when row 0's answer tokens are replaced."""
+
     def logps(completion_ids):
         full_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         full_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        trainer._video_rows = {key: inputs[key] for key in inputs if key in
-                               ("video_pixels", "video_grid_thw", "second_per_grid_ts")}
+        trainer._video_rows = {
+            key: inputs[key]
+            for key in inputs
+            if key in ("video_pixels", "video_grid_thw", "second_per_grid_ts")
+        }
         with torch.no_grad():
-            out = trainer._get_per_token_logps_and_entropies(trainer.model, full_ids, full_mask,
-                                                             completion_ids.shape[1])[0]
+            out = trainer._get_per_token_logps_and_entropies(
+                trainer.model, full_ids, full_mask, completion_ids.shape[1]
+            )[0]
         trainer._video_rows = None
         return out
 
@@ -195,8 +238,14 @@ def no_leak(trainer, inputs: dict) -> torch.Tensor:
 def test_no_answer_sees_another(family, family_model, train_file, tmp_path):
     """Rows 1.. of one group must not move when row 0's answer changes, in every family, with the default."""
     data = family_dataset(train_file, family)
-    trainer = make_trainer(family_model(family), data, tmp_path, per_device_train_batch_size=4, num_generations=4,
-                           max_completion_length=8)
+    trainer = make_trainer(
+        family_model(family),
+        data,
+        tmp_path,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+    )
     inputs = micro_batch(generate(trainer, shared=trainer.shared_prefix), slice(0, 4))
     inputs["completion_mask"] = torch.ones_like(inputs["completion_mask"])
     packed_before = trainer.prefix_positions[1]
@@ -208,8 +257,14 @@ def test_no_answer_sees_another(family, family_model, train_file, tmp_path):
 def test_packing_would_leak_through_linear_attention(family_model, train_file, tmp_path):
     """Why Qwen3.5 is refused: forced on, a Gated DeltaNet state carries row 0's answer into the others."""
     data = family_dataset(train_file, "qwen3_5")
-    trainer = make_trainer(family_model("qwen3_5"), data, tmp_path, per_device_train_batch_size=4, num_generations=4,
-                           max_completion_length=8)
+    trainer = make_trainer(
+        family_model("qwen3_5"),
+        data,
+        tmp_path,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+    )
     assert "Gated DeltaNet" in unsupported_reason(trainer.model.config)
     inputs = micro_batch(generate(trainer, shared=False), slice(0, 4))
     inputs["completion_mask"] = torch.ones_like(inputs["completion_mask"])
@@ -219,7 +274,9 @@ def test_packing_would_leak_through_linear_attention(family_model, train_file, t
 
 def test_explicit_shared_prefix_is_refused_where_inexact(family_model, train_file, tmp_path):
     data = family_dataset(train_file, "qwen3_5")
-    with pytest.raises(ValueError, match="shared_prefix: cannot be exact here: .*Gated DeltaNet.*shared_prefix: false"):
+    with pytest.raises(
+        ValueError, match="shared_prefix: cannot be exact here: .*Gated DeltaNet.*shared_prefix: false"
+    ):
         make_trainer(family_model("qwen3_5"), data, tmp_path, trainer_kwargs={"shared_prefix": True})
 
 
@@ -245,19 +302,30 @@ def test_unpackable_layout_is_reported_not_guessed():
     assert pack_rows(ids, mask, 2, rows, slice(0, 1), None, 99, 0) is None
 
 
-@pytest.mark.parametrize(("family", "attention", "why"), [
-    ("qwen3_5", "sdpa", "Gated DeltaNet"),
-    ("qwen2_5_vl", "flash_attention_2", "takes no custom 4-D attention mask"),
-    ("qwen3_vl", "flex_attention", "takes no custom 4-D attention mask"),
-])
+@pytest.mark.parametrize(
+    ("family", "attention", "why"),
+    [
+        ("qwen3_5", "sdpa", "Gated DeltaNet"),
+        ("qwen2_5_vl", "flash_attention_2", "takes no custom 4-D attention mask"),
+        ("qwen3_vl", "flex_attention", "takes no custom 4-D attention mask"),
+    ],
+)
 def test_recipe_validation_refuses_before_the_model_loads(family, attention, why, family_model):
     from types import SimpleNamespace
 
     from video_grpo.configs import check_shared_prefix
 
-    model_args = SimpleNamespace(model_name_or_path=str(family_model(family)), model_revision=None,
-                                 attn_implementation=attention)
-    with pytest.raises(ValueError, match=f"shared_prefix: true cannot be exact here: .*{why}.*shared_prefix: false"):
+    model_args = SimpleNamespace(
+        model_name_or_path=str(family_model(family)), model_revision=None, attn_implementation=attention
+    )
+    with pytest.raises(
+        ValueError, match=f"shared_prefix: true cannot be exact here: .*{why}.*shared_prefix: false"
+    ):
         check_shared_prefix(model_args)
-    check_shared_prefix(SimpleNamespace(model_name_or_path=str(family_model("qwen2_5_vl")), model_revision=None,
-                                        attn_implementation="sdpa"))  # supported: no error
+    check_shared_prefix(
+        SimpleNamespace(
+            model_name_or_path=str(family_model("qwen2_5_vl")),
+            model_revision=None,
+            attn_implementation="sdpa",
+        )
+    )  # supported: no error

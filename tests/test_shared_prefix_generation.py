@@ -24,8 +24,11 @@ def batch(model_dir, train_file, family: str):
     rows = data.__getitems__([short] * G + [long] * G)  # two prompts of different lengths
     encoded = encode_rows(processor, rows, detect_family(model.config))
     inputs = generation_inputs(encoded, processor.tokenizer.pad_token_id, model.config.video_token_id)
-    kwargs = {"max_new_tokens": 12, "pad_token_id": processor.tokenizer.pad_token_id,
-              "suppress_tokens": vision_placeholder_ids(model.config)}
+    kwargs = {
+        "max_new_tokens": 12,
+        "pad_token_id": processor.tokenizer.pad_token_id,
+        "suppress_tokens": vision_placeholder_ids(model.config),
+    }
     return model, inputs, kwargs
 
 
@@ -34,8 +37,11 @@ def count_prefill_rows(model) -> list[int]:
     rows = []
     language = prefill.language_backbone(model).language_model
     language.register_forward_pre_hook(
-        lambda module, args, kwargs: rows.append(kwargs["inputs_embeds"].shape[0])
-        if kwargs["inputs_embeds"].shape[1] > 1 else None, with_kwargs=True)
+        lambda module, args, kwargs: (
+            rows.append(kwargs["inputs_embeds"].shape[0]) if kwargs["inputs_embeds"].shape[1] > 1 else None
+        ),
+        with_kwargs=True,
+    )
     return rows
 
 
@@ -57,17 +63,22 @@ def test_sampled_answers_score_like_the_model(family_model, train_file):
     """Sampling from the shared cache: the scores at each step match a plain forward over prompt + answer."""
     model, inputs, kwargs = batch(family_model("qwen2_5_vl"), train_file, "qwen2_5_vl")
     torch.manual_seed(0)
-    out = prefill.generate(model, **inputs, do_sample=True, output_logits=True, return_dict_in_generate=True,
-                           **kwargs)
+    out = prefill.generate(
+        model, **inputs, do_sample=True, output_logits=True, return_dict_in_generate=True, **kwargs
+    )
     width = inputs["input_ids"].shape[1]
     answers = out.sequences[:, width:]
     logits = torch.stack(out.logits, dim=1)  # (rows, steps, vocab): the raw logits each step sampled from
     full_mask = torch.cat([inputs["attention_mask"], torch.ones_like(answers)], dim=1)
     with torch.no_grad():
-        plain = model(input_ids=out.sequences, attention_mask=full_mask,
-                      pixel_values_videos=inputs["pixel_values_videos"], video_grid_thw=inputs["video_grid_thw"],
-                      second_per_grid_ts=inputs["second_per_grid_ts"],
-                      mm_token_type_ids=(out.sequences == model.config.video_token_id).long() * 2).logits
+        plain = model(
+            input_ids=out.sequences,
+            attention_mask=full_mask,
+            pixel_values_videos=inputs["pixel_values_videos"],
+            video_grid_thw=inputs["video_grid_thw"],
+            second_per_grid_ts=inputs["second_per_grid_ts"],
+            mm_token_type_ids=(out.sequences == model.config.video_token_id).long() * 2,
+        ).logits
     plain = plain[:, width - 1 : -1]
     got = torch.log_softmax(logits, -1).gather(-1, answers[..., None])
     want = torch.log_softmax(plain, -1).gather(-1, answers[..., None])
@@ -83,7 +94,9 @@ def test_evaluation_and_curation_sampling_prefill_each_query_once(family_model, 
     model_dir = family_model("qwen2_5_vl")
     processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
-    rows = family_dataset(train_file, "qwen2_5_vl").__getitems__([1, 1, 1, 2, 2, 2])  # k = 3 answers per query
+    rows = family_dataset(train_file, "qwen2_5_vl").__getitems__(
+        [1, 1, 1, 2, 2, 2]
+    )  # k = 3 answers per query
     prefills = count_prefill_rows(model)
     torch.manual_seed(0)
     sampled = generate_answers(model, processor, rows, max_new_tokens=6, do_sample=True)

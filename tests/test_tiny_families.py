@@ -51,12 +51,23 @@ def _encode(processor, family: str):
     """Processor inputs for one sample video and a grounding prompt; frames are pre-sampled and pre-sized."""
     multiple = FAMILIES[family].patch_size * 2
     frames, metadata, times = _sample_frames(multiple)
-    if family != "qwen2_5_vl":  # explicit frame times: the processor writes (t[2k] + t[2k+1]) / 2 per temporal patch
+    if (
+        family != "qwen2_5_vl"
+    ):  # explicit frame times: the processor writes (t[2k] + t[2k+1]) / 2 per temporal patch
         metadata = dict(metadata, fps=1.0, frames_indices=times)
-    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "When does it move?"}]}]
+    messages = [
+        {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "When does it move?"}]}
+    ]
     text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return processor(text=[text], videos=[frames], video_metadata=[metadata], do_sample_frames=False, do_resize=False,
-                     cap_pixels_per_frame=True, return_tensors="pt"), times
+    return processor(
+        text=[text],
+        videos=[frames],
+        video_metadata=[metadata],
+        do_sample_frames=False,
+        do_resize=False,
+        cap_pixels_per_frame=True,
+        return_tensors="pt",
+    ), times
 
 
 def test_build_reload_forward_generate_backward(tiny):
@@ -74,11 +85,15 @@ def test_build_reload_forward_generate_backward(tiny):
     outputs = model(**inputs)
     assert torch.isfinite(outputs.logits).all()
 
-    placeholders = [model.config.image_token_id, video_id, model.config.vision_start_token_id,
-                    model.config.vision_end_token_id]
+    placeholders = [
+        model.config.image_token_id,
+        video_id,
+        model.config.vision_start_token_id,
+        model.config.vision_end_token_id,
+    ]
     with torch.no_grad():
         generated = model.generate(**inputs, max_new_tokens=6, do_sample=False, suppress_tokens=placeholders)
-    new = generated[0, inputs["input_ids"].shape[1]:]
+    new = generated[0, inputs["input_ids"].shape[1] :]
     assert new.numel() > 0 and not set(new.tolist()) & set(placeholders)
 
     model.train()
@@ -97,7 +112,11 @@ def test_tokenizer_tags_and_video_processor(tiny):
         assert tag in tokenizer.convert_ids_to_tokens(ids)  # one token each
     assert tokenizer.decode(ids, skip_special_tokens=True) == text  # not special: kept when decoding
     video = processor.video_processor
-    assert video.patch_size == FAMILIES[family].patch_size and video.merge_size == 2 and video.temporal_patch_size == 2
+    assert (
+        video.patch_size == FAMILIES[family].patch_size
+        and video.merge_size == 2
+        and video.temporal_patch_size == 2
+    )
     if family != "qwen2_5_vl":
         assert list(video.image_mean) == [0.5] * 3 and list(video.image_std) == [0.5] * 3 and video.fps == 2
 
@@ -108,19 +127,26 @@ def test_chat_template_renders_like_the_published_one(family):
     import trl.chat_template_utils as published
 
     processor = build_processor(family=family)
-    real = published.qwen3_vl_chat_template if family == "qwen3_vl" else published.qwen3_5_nothink_chat_template
+    real = (
+        published.qwen3_vl_chat_template if family == "qwen3_vl" else published.qwen3_5_nothink_chat_template
+    )
     video = {"type": "video"}
     conversations = [
         [{"role": "user", "content": [video, {"type": "text", "text": "When does it move?"}]}],
-        [{"role": "system", "content": "Answer in seconds. "},
-         {"role": "user", "content": [video, {"type": "text", "text": " hi \n"}]}],
+        [
+            {"role": "system", "content": "Answer in seconds. "},
+            {"role": "user", "content": [video, {"type": "text", "text": " hi \n"}]},
+        ],
     ]
     options = [{}] if family == "qwen3_vl" else [{}, {"enable_thinking": True}, {"enable_thinking": False}]
     for messages in conversations:
         for kwargs in options:
-            mine = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
-            theirs = processor.apply_chat_template(messages, chat_template=real, tokenize=False,
-                                                   add_generation_prompt=True, **kwargs)
+            mine = processor.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, **kwargs
+            )
+            theirs = processor.apply_chat_template(
+                messages, chat_template=real, tokenize=False, add_generation_prompt=True, **kwargs
+            )
             assert mine == theirs
 
 
@@ -141,19 +167,30 @@ def test_qwen3_processor_timestamps_and_layout():
 
     frames, metadata, _ = _sample_frames(32)
     text = processor.apply_chat_template(
-        [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "q"}]}], tokenize=False,
-        add_generation_prompt=True)
+        [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "q"}]}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     collapsed = text.replace("<|vision_start|><|video_pad|><|vision_end|>", "<|video_pad|>")
-    fixed = processor(text=[collapsed], videos=[frames], video_metadata=[dict(metadata, fps=1.0, frames_indices=times)],
-                      do_sample_frames=False, do_resize=False, cap_pixels_per_frame=True, return_tensors="pt")
+    fixed = processor(
+        text=[collapsed],
+        videos=[frames],
+        video_metadata=[dict(metadata, fps=1.0, frames_indices=times)],
+        do_sample_frames=False,
+        do_resize=False,
+        cap_pixels_per_frame=True,
+        return_tensors="pt",
+    )
     assert processor.tokenizer.decode(fixed["input_ids"][0]) == text.replace(
-        "<|vision_start|><|video_pad|><|vision_end|>", block)
+        "<|vision_start|><|video_pad|><|vision_end|>", block
+    )
 
 
 def test_qwen2_5_vl_callers_unchanged(tmp_path):
     """Existing callers pass Qwen2.5-VL sizes by keyword and get the same model as before (default family)."""
-    path = build_tiny_model(tmp_path / "m", text_hidden=32, text_layers=1, vision_hidden=16, vision_depth=1,
-                            text_intermediate=48)
+    path = build_tiny_model(
+        tmp_path / "m", text_hidden=32, text_layers=1, vision_hidden=16, vision_depth=1, text_intermediate=48
+    )
     config = json.loads((path / "config.json").read_text())
     assert config["model_type"] == "qwen2_5_vl"
     assert config["text_config"]["hidden_size"] == 32 and config["text_config"]["intermediate_size"] == 48

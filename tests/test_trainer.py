@@ -20,16 +20,37 @@ from video_grpo.video import SamplingConfig, sampled_fps
 
 from .launch_rewards import length_reward  # differs within a group: nonzero advantages, real gradients
 
-SAMPLING = SamplingConfig(fps=1.0, min_frames=2, max_frames=8, min_pixels=784, max_pixels=56 * 56, max_tokens=64)
+SAMPLING = SamplingConfig(
+    fps=1.0, min_frames=2, max_frames=8, min_pixels=784, max_pixels=56 * 56, max_tokens=64
+)
 
 
-def make_trainer(model_dir, dataset, tmp_path, trainer_cls=VideoGRPOTrainer, reward_funcs=None, eval_dataset=None,
-                 trainer_kwargs=None, **overrides):
+def make_trainer(
+    model_dir,
+    dataset,
+    tmp_path,
+    trainer_cls=VideoGRPOTrainer,
+    reward_funcs=None,
+    eval_dataset=None,
+    trainer_kwargs=None,
+    **overrides,
+):
     settings = {
-        "output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 4, "num_generations": 2,
-        "max_completion_length": 8, "max_steps": 1, "learning_rate": 1e-2, "bf16": False, "use_cpu": True,
-        "report_to": "none", "save_strategy": "no", "gradient_checkpointing": False, "logging_steps": 1,
-        "loss_type": "grpo", "seed": 0, "dataloader_num_workers": 0,
+        "output_dir": str(tmp_path / "out"),
+        "per_device_train_batch_size": 4,
+        "num_generations": 2,
+        "max_completion_length": 8,
+        "max_steps": 1,
+        "learning_rate": 1e-2,
+        "bf16": False,
+        "use_cpu": True,
+        "report_to": "none",
+        "save_strategy": "no",
+        "gradient_checkpointing": False,
+        "logging_steps": 1,
+        "loss_type": "grpo",
+        "seed": 0,
+        "dataloader_num_workers": 0,
     }
     settings.update(overrides)
     return trainer_cls(
@@ -58,19 +79,38 @@ class ForwardProbe:
 
         def spy(input_ids, *args, **kwargs):
             out = original(input_ids, *args, **kwargs)
-            self.rope_calls.append({"grad": torch.is_grad_enabled(), "input_ids": input_ids.clone(),
-                                    "attention_mask": kwargs.get("attention_mask"), "positions": out[0].clone()})
+            self.rope_calls.append(
+                {
+                    "grad": torch.is_grad_enabled(),
+                    "input_ids": input_ids.clone(),
+                    "attention_mask": kwargs.get("attention_mask"),
+                    "positions": out[0].clone(),
+                }
+            )
             return out
 
         inner.get_rope_index = spy
 
     def _on_forward(self, module, args, kwargs):
-        self.forwards.append({"grad": torch.is_grad_enabled(), **{
-            k: kwargs.get(k) for k in ("input_ids", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts",
-                                       "mm_token_type_ids", "position_ids")},
-                              # generate() runs the encoder up front and passes its output instead of pixels
-                              "sees_video": kwargs.get("pixel_values_videos") is not None
-                              or (kwargs.get("mm_encoder_outputs") or {}).get("video") is not None})
+        self.forwards.append(
+            {
+                "grad": torch.is_grad_enabled(),
+                **{
+                    k: kwargs.get(k)
+                    for k in (
+                        "input_ids",
+                        "pixel_values_videos",
+                        "video_grid_thw",
+                        "second_per_grid_ts",
+                        "mm_token_type_ids",
+                        "position_ids",
+                    )
+                },
+                # generate() runs the encoder up front and passes its output instead of pixels
+                "sees_video": kwargs.get("pixel_values_videos") is not None
+                or (kwargs.get("mm_encoder_outputs") or {}).get("video") is not None,
+            }
+        )
 
     def _on_encoder(self, module, args, output):
         self.encoder_calls_with_grad += int(torch.is_grad_enabled())
@@ -128,8 +168,12 @@ def test_plain_grpo_trainer_drops_video_from_the_loss(tiny_model_dir, train_file
 
 
 @pytest.mark.parametrize("fps", [1.0, 0.5])
-def test_time_comes_from_sampled_fps_and_positions_match_generation(tiny_model_dir, train_file, tmp_path, fps):
-    sampling = SamplingConfig(fps=fps, min_frames=2, max_frames=64, min_pixels=784, max_pixels=28 * 56, max_tokens=512)
+def test_time_comes_from_sampled_fps_and_positions_match_generation(
+    tiny_model_dir, train_file, tmp_path, fps
+):
+    sampling = SamplingConfig(
+        fps=fps, min_frames=2, max_frames=64, min_pixels=784, max_pixels=28 * 56, max_tokens=512
+    )
     data = build_dataset(train_file, sampling=sampling)
     trainer = make_trainer(tiny_model_dir, data, tmp_path)
     seen_inputs = []
@@ -171,7 +215,9 @@ def assert_loss_positions_equal_generation(probe: ForwardProbe) -> None:
             prompt = next(p for p in gen_rows if tuple(ids[: len(p)]) == p)  # identical prompt tokens
             positions = call["positions"][:, row, call["attention_mask"][row].bool()][:, : len(prompt)]
             assert torch.equal(positions, gen_rows[prompt])
-            assert positions[0].max() > positions[1].max() or positions[0].unique().numel() > 1  # real time axis
+            assert (
+                positions[0].max() > positions[1].max() or positions[0].unique().numel() > 1
+            )  # real time axis
     # Packed rows (shared_prefix): the positions the forward was given start with a prompt's, token for token
     packed = [f for f in probe.loss_forwards if f["position_ids"] is not None]
     for forward in packed:
@@ -182,7 +228,9 @@ def assert_loss_positions_equal_generation(probe: ForwardProbe) -> None:
 
 
 def test_batch_of_videos_with_different_lengths(tiny_model_dir, train_file, tmp_path):
-    sampling = SamplingConfig(fps=0.5, min_frames=2, max_frames=64, min_pixels=784, max_pixels=28 * 56, max_tokens=512)
+    sampling = SamplingConfig(
+        fps=0.5, min_frames=2, max_frames=64, min_pixels=784, max_pixels=28 * 56, max_tokens=512
+    )
     data = build_dataset(train_file, sampling=sampling)
     durations = list(data.with_format(None)["duration"])
     short, long = durations.index(min(durations)), durations.index(max(durations))
@@ -191,15 +239,21 @@ def test_batch_of_videos_with_different_lengths(tiny_model_dir, train_file, tmp_
     probe = ForwardProbe(trainer.model)
     trainer.train()
     frames_per_row = {int(t) for f in probe.loss_forwards for t in f["video_grid_thw"][:, 0]}
-    assert len(frames_per_row) == 2, f"expected two different video lengths in one batch, got {frames_per_row}"
+    assert len(frames_per_row) == 2, (
+        f"expected two different video lengths in one batch, got {frames_per_row}"
+    )
     # 4 rows = 2 prompts x 2 answers; shared_prefix packs them into one row per prompt
     assert all(f["input_ids"].shape[0] == 2 for f in probe.loss_forwards)
 
 
 @pytest.mark.parametrize(
     "options",
-    [{"beta": 0.04}, {"num_iterations": 2, "max_steps": 2}, {"steps_per_generation": 2, "max_steps": 2},
-     {"log_completions": True}],
+    [
+        {"beta": 0.04},
+        {"num_iterations": 2, "max_steps": 2},
+        {"steps_per_generation": 2, "max_steps": 2},
+        {"log_completions": True},
+    ],
     ids=["beta", "num_iterations", "steps_per_generation", "log_completions"],
 )
 def test_training_options(tiny_model_dir, dataset, tmp_path, options):
@@ -210,8 +264,11 @@ def test_training_options(tiny_model_dir, dataset, tmp_path, options):
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert logs and all(math.isfinite(float(entry["loss"])) for entry in logs)
     assert changed(before, trainer.model)
-    assert all(f["sees_video"] for f in probe.forwards if f["input_ids"] is not None
-               and (f["input_ids"] == trainer.video_token_id).any())
+    assert all(
+        f["sees_video"]
+        for f in probe.forwards
+        if f["input_ids"] is not None and (f["input_ids"] == trainer.video_token_id).any()
+    )
     if options.get("beta"):
         assert any("kl" in entry for entry in logs)
 

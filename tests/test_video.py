@@ -35,7 +35,9 @@ def test_ten_minute_video_stays_under_cap_and_spans_whole_video():
 
 @pytest.mark.parametrize("fps", [1.0, 2.0])
 def test_read_video_metadata_gives_sampled_fps(fps):
-    cfg = SamplingConfig(fps=fps, min_frames=2, max_frames=256, min_pixels=784, max_pixels=112 * 112, max_tokens=100000)
+    cfg = SamplingConfig(
+        fps=fps, min_frames=2, max_frames=256, min_pixels=784, max_pixels=112 * 112, max_tokens=100000
+    )
     video = read_video(str(VIDEO), cfg)
     t, c, h, w = video.frames.shape
     assert c == 3 and video.frames.dtype == torch.uint8 and (h, w) == (112, 112)
@@ -48,8 +50,23 @@ def test_one_frame_video_is_repeated(tmp_path):
     import imageio_ffmpeg
 
     path = tmp_path / "one.mp4"
-    subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-loglevel", "error", "-f", "lavfi", "-i", "color=c=red:s=64x64:d=0.04",
-                    "-frames:v", "1", "-pix_fmt", "yuv420p", str(path)], check=True)
+    subprocess.run(
+        [
+            imageio_ffmpeg.get_ffmpeg_exe(),
+            "-loglevel",
+            "error",
+            "-f",
+            "lavfi",
+            "-i",
+            "color=c=red:s=64x64:d=0.04",
+            "-frames:v",
+            "1",
+            "-pix_fmt",
+            "yuv420p",
+            str(path),
+        ],
+        check=True,
+    )
     video = read_video(str(path), SamplingConfig(min_frames=1))
     assert video.frames.shape[0] == 2  # one temporal patch
     assert torch.equal(video.frames[0], video.frames[1])

@@ -32,15 +32,44 @@ def write_task(folder):
     videos = folder / "videos"
     videos.mkdir(parents=True)
     for name, frames in CLIPS.items():
-        ffmpeg("-f", "lavfi", "-i", "testsrc2=size=64x64:rate=30000/1001", "-frames:v", str(frames),
-               "-c:v", "libx264", "-pix_fmt", "yuv420p", str(videos / f"{name}.mp4"))
+        ffmpeg(
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc2=size=64x64:rate=30000/1001",
+            "-frames:v",
+            str(frames),
+            "-c:v",
+            "libx264",
+            "-pix_fmt",
+            "yuv420p",
+            str(videos / f"{name}.mp4"),
+        )
     # 8 queries: one generation batch of 2 ranks x 4 prompts; some videos hold several queries
-    rows = [("clip16", [2, 9]), ("clip20", [4, 12]), ("clip20", [10, 15]), ("clip30", [5, 20]),
-            ("clip16", [8, 14]), ("clip30", [1, 6]), ("clip20", [0, 5]), ("clip30", [20, 29])]
-    train = [{"id": f"q{i}", "video": f"{name}.mp4", "duration": round(CLIPS[name] / 29.97, 3), "solution": span,
-              "sentence": "a red circle moves across the screen"} for i, (name, span) in enumerate(rows)]
+    rows = [
+        ("clip16", [2, 9]),
+        ("clip20", [4, 12]),
+        ("clip20", [10, 15]),
+        ("clip30", [5, 20]),
+        ("clip16", [8, 14]),
+        ("clip30", [1, 6]),
+        ("clip20", [0, 5]),
+        ("clip30", [20, 29]),
+    ]
+    train = [
+        {
+            "id": f"q{i}",
+            "video": f"{name}.mp4",
+            "duration": round(CLIPS[name] / 29.97, 3),
+            "solution": span,
+            "sentence": "a red circle moves across the screen",
+        }
+        for i, (name, span) in enumerate(rows)
+    ]
     (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
-    (folder / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train[:3]))  # 3 queries on 2 ranks
+    (folder / "eval.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in train[:3])
+    )  # 3 queries on 2 ranks
     return folder / "train.jsonl", folder / "eval.jsonl", videos
 
 
@@ -48,13 +77,47 @@ def test_zero3_bf16_frozen_tower_time_encoder_and_uneven_eval(tiny_model_dir, tm
     train, evaluation, videos = write_task(tmp_path)
     out = tmp_path / "run"
     cmd = launch_command(
-        "cpu/zero3.yaml", tiny_model_dir, out, "--train_file", str(train), "--eval_file", str(evaluation),
-        "--video_root", str(videos), "--video_fps", "2", "--video_max_frames", "64", "--video_min_pixels", "784",
-        "--video_max_pixels", "3136", "--video_max_tokens", "1024", "--freeze_vision_tower", "true",
-        "--beta", "0.04", "--per_device_train_batch_size", "4", "--num_generations", "2",
-        "--steps_per_generation", "2", "--max_completion_length", "16", "--eval_strategy", "steps",
-        "--eval_steps", "1", "--per_device_eval_batch_size", "1", "--eval_grounding_samples", "3",
-        entry=("tests/launch_probe.py",))
+        "cpu/zero3.yaml",
+        tiny_model_dir,
+        out,
+        "--train_file",
+        str(train),
+        "--eval_file",
+        str(evaluation),
+        "--video_root",
+        str(videos),
+        "--video_fps",
+        "2",
+        "--video_max_frames",
+        "64",
+        "--video_min_pixels",
+        "784",
+        "--video_max_pixels",
+        "3136",
+        "--video_max_tokens",
+        "1024",
+        "--freeze_vision_tower",
+        "true",
+        "--beta",
+        "0.04",
+        "--per_device_train_batch_size",
+        "4",
+        "--num_generations",
+        "2",
+        "--steps_per_generation",
+        "2",
+        "--max_completion_length",
+        "16",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "1",
+        "--per_device_eval_batch_size",
+        "1",
+        "--eval_grounding_samples",
+        "3",
+        entry=("tests/launch_probe.py",),
+    )
     result = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-6000:]
@@ -66,7 +129,9 @@ def test_zero3_bf16_frozen_tower_time_encoder_and_uneven_eval(tiny_model_dir, tm
         seconds = probe["generation_seconds"]
         assert seconds and all(0.998 < s < 1.0 for s in seconds), seconds  # the clips do what they are for
         assert set(probe["later_seconds"]) <= set(seconds)
-        assert not any("bfloat16" in key for key in probe["dtypes"] if "second_per_grid_ts" in key), probe["dtypes"]
+        assert not any("bfloat16" in key for key in probe["dtypes"] if "second_per_grid_ts" in key), probe[
+            "dtypes"
+        ]
         assert probe["rows_compared"] >= 8 and probe["rows_differing"] == 0, probe
         # ... with shared_prefix on (the default): the positions compared above are the packed rows' prompts
         packed = probe["shared_prefix"]

@@ -99,13 +99,27 @@ def _need(record: dict, keys: tuple[str, ...], where: str) -> None:
 def _read_canonical(path: Path, durations: dict | None):
     for where, record in _read_jsonl_lines(path):
         _need(record, ("id", "video", "duration", "solution", "sentence"), where)
-        yield where, str(record["id"]), str(record["video"]), record["duration"], record["solution"], record["sentence"]
+        yield (
+            where,
+            str(record["id"]),
+            str(record["video"]),
+            record["duration"],
+            record["solution"],
+            record["sentence"],
+        )
 
 
 def _read_qvhighlights(path: Path, durations: dict | None):
     for where, record in _read_jsonl_lines(path):
         _need(record, ("qid", "query", "duration", "vid", "relevant_windows"), where)
-        yield where, str(record["qid"]), str(record["vid"]), record["duration"], record["relevant_windows"], record["query"]
+        yield (
+            where,
+            str(record["qid"]),
+            str(record["vid"]),
+            record["duration"],
+            record["relevant_windows"],
+            record["query"],
+        )
 
 
 def _read_grounding_json(path: Path, durations: dict | None):
@@ -119,7 +133,9 @@ def _read_grounding_json(path: Path, durations: dict | None):
         where = f"{path}: video {vid}"
         _need(entry, ("duration", "timestamps", "sentences"), where)
         if len(entry["timestamps"]) != len(entry["sentences"]):
-            raise AnnotationError(f"{where}: {len(entry['timestamps'])} timestamps but {len(entry['sentences'])} sentences")
+            raise AnnotationError(
+                f"{where}: {len(entry['timestamps'])} timestamps but {len(entry['sentences'])} sentences"
+            )
         for index, (span, sentence) in enumerate(zip(entry["timestamps"], entry["sentences"], strict=True)):
             yield f"{where} #{index}", f"{vid}_{index}", vid, entry["duration"], span, sentence
 
@@ -129,13 +145,17 @@ def read_durations_csv(path: str | Path) -> dict[str, float]:
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         if not reader.fieldnames or not {"id", "length"} <= set(reader.fieldnames):
-            raise AnnotationError(f"{path}: expected a CSV with 'id' and 'length' columns, got {reader.fieldnames}")
+            raise AnnotationError(
+                f"{path}: expected a CSV with 'id' and 'length' columns, got {reader.fieldnames}"
+            )
         return {row["id"]: float(row["length"]) for row in reader}
 
 
 def _read_charades_txt(path: Path, durations: dict | None):
     if durations is None:
-        raise AnnotationError(f"{path}: Charades-STA .txt has no durations; set durations_file to the Charades CSV")
+        raise AnnotationError(
+            f"{path}: Charades-STA .txt has no durations; set durations_file to the Charades CSV"
+        )
     counter: dict[str, int] = {}
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
@@ -171,19 +191,24 @@ def detect_format(path: str | Path) -> str:
     if path.suffix == ".jsonl":
         for _, record in _read_jsonl_lines(path):
             return "qvhighlights" if "relevant_windows" in record else "jsonl"
-    raise AnnotationError(f"{path}: cannot tell the annotation format; set dataset_format to one of {FORMATS}")
+    raise AnnotationError(
+        f"{path}: cannot tell the annotation format; set dataset_format to one of {FORMATS}"
+    )
 
 
-def resolve_video(video_root: Path, key: str, extensions: tuple[str, ...], allow_outside: bool = False,
-                  where: str = "") -> Path:
+def resolve_video(
+    video_root: Path, key: str, extensions: tuple[str, ...], allow_outside: bool = False, where: str = ""
+) -> Path:
     """``video_root/key`` if ``key`` has an extension, else the first ``video_root/key+ext`` that exists.
 
     Unless ``allow_outside``, a key that is absolute or climbs out of ``video_root`` is an error.
     ``video_root`` must already be resolved (the caller resolves it once per file, not per record)."""
     candidate = video_root / key
     if not allow_outside and (Path(key).is_absolute() or not candidate.resolve().is_relative_to(video_root)):
-        raise AnnotationError(f"{where}: video {key!r} is outside video_root {str(video_root)!r}; set "
-                              "allow_absolute_video_paths: true if that is intended")
+        raise AnnotationError(
+            f"{where}: video {key!r} is outside video_root {str(video_root)!r}; set "
+            "allow_absolute_video_paths: true if that is intended"
+        )
     if Path(key).suffix:
         return candidate
     for ext in extensions:
@@ -247,7 +272,9 @@ def load_annotations(
                 end = duration
             elif end > duration:
                 if strict:
-                    raise AnnotationError(f"{where}: span [{start}, {end}] ends after the video ({duration} s)")
+                    raise AnnotationError(
+                        f"{where}: span [{start}, {end}] ends after the video ({duration} s)"
+                    )
                 end, clamped = duration, True
             if not 0 <= start < end:
                 if strict:
@@ -260,7 +287,9 @@ def load_annotations(
             continue
         if clamped:
             report.clamped_spans.append(query_id)
-        video = resolve_video(root, video_key, tuple(video_extensions), allow_absolute_video_paths, where).resolve()
+        video = resolve_video(
+            root, video_key, tuple(video_extensions), allow_absolute_video_paths, where
+        ).resolve()
         if str(video) not in seen_videos:
             seen_videos.add(str(video))
             if not video.is_file():
@@ -268,14 +297,16 @@ def load_annotations(
                     raise AnnotationError(f"{where}: video {video} does not exist")
                 missing.add(str(video))
         single = len(raw) == 1 and fmt != "qvhighlights"
-        records.append({
-            "id": query_id,
-            "video": str(video),
-            "duration": duration,
-            "solution": spans[0] if single else spans,
-            "solution_raw": raw[0] if single else raw,
-            "sentence": str(sentence).strip(),
-        })
+        records.append(
+            {
+                "id": query_id,
+                "video": str(video),
+                "duration": duration,
+                "solution": spans[0] if single else spans,
+                "solution_raw": raw[0] if single else raw,
+                "sentence": str(sentence).strip(),
+            }
+        )
     report.records, report.videos = len(records), len(seen_videos)
     report.missing_videos = sorted(missing)
     return records, report

@@ -41,38 +41,102 @@ SAMPLE_VIDEO_INDEX = 0
 
 # Qwen2.5-VL-3B-Instruct and -7B-Instruct hub config.json values that set the compute (the files in REFERENCE
 # are read instead whenever they are present).
-QWEN_VISION = {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "patch_size": 14,
-               "temporal_patch_size": 2, "spatial_merge_size": 2, "window_size": 112,
-               "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2}
-QWEN_TOKENS = {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
-               "vision_end_token_id": 151653, "bos_token_id": 151643, "eos_token_id": 151645}
+QWEN_VISION = {
+    "depth": 32,
+    "hidden_size": 1280,
+    "intermediate_size": 3420,
+    "num_heads": 16,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "window_size": 112,
+    "fullatt_block_indexes": [7, 15, 23, 31],
+    "tokens_per_second": 2,
+}
+QWEN_TOKENS = {
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
 WIDTHS = {
-    "3b": {"hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16,
-           "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
-           "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "rope_theta": 1000000.0},
-    "7b": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-           "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False,
-           "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "rope_theta": 1000000.0},
+    "3b": {
+        "hidden_size": 2048,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+        "rope_theta": 1000000.0,
+    },
+    "7b": {
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+        "rope_theta": 1000000.0,
+    },
     # narrower layers for --quick and the scaling table (same head size and MLP proportion as 3B)
-    "narrow": {"hidden_size": 512, "intermediate_size": 2752, "num_attention_heads": 4, "num_key_value_heads": 1,
-               "vocab_size": 151936, "tie_word_embeddings": True,
-               "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "rope_theta": 1000000.0,
-               "vision": {"hidden_size": 320, "intermediate_size": 855, "num_heads": 4}},
+    "narrow": {
+        "hidden_size": 512,
+        "intermediate_size": 2752,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+        "rope_theta": 1000000.0,
+        "vision": {"hidden_size": 320, "intermediate_size": 855, "num_heads": 4},
+    },
     # the scaling table: 512 wide, and a small vocabulary so that the LM head (the same on both sides) does not
     # dominate a 1-layer model's step and hide how the prompt's share grows (a synthetic prompt)
-    "scaling": {"hidden_size": 512, "intermediate_size": 2752, "num_attention_heads": 4, "num_key_value_heads": 1,
-                "vocab_size": 4096, "tie_word_embeddings": True,
-                "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "rope_theta": 1000000.0,
-                "vision": {"hidden_size": 320, "intermediate_size": 855, "num_heads": 4},
-                "tokens": {"image_token_id": 4090, "video_token_id": 4091, "vision_start_token_id": 4092,
-                           "vision_end_token_id": 4093, "bos_token_id": 4094, "eos_token_id": 4095}},
+    "scaling": {
+        "hidden_size": 512,
+        "intermediate_size": 2752,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "vocab_size": 4096,
+        "tie_word_embeddings": True,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+        "rope_theta": 1000000.0,
+        "vision": {"hidden_size": 320, "intermediate_size": 855, "num_heads": 4},
+        "tokens": {
+            "image_token_id": 4090,
+            "video_token_id": 4091,
+            "vision_start_token_id": 4092,
+            "vision_end_token_id": 4093,
+            "bos_token_id": 4094,
+            "eos_token_id": 4095,
+        },
+    },
     # --quick: seconds per side, a synthetic prompt in a small vocabulary
-    "quick": {"hidden_size": 128, "intermediate_size": 688, "num_attention_heads": 2, "num_key_value_heads": 1,
-              "vocab_size": 4096, "tie_word_embeddings": True,
-              "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]}, "rope_theta": 1000000.0,
-              "vision": {"hidden_size": 64, "intermediate_size": 171, "num_heads": 2},
-              "tokens": {"image_token_id": 4090, "video_token_id": 4091, "vision_start_token_id": 4092,
-                         "vision_end_token_id": 4093, "bos_token_id": 4094, "eos_token_id": 4095}},
+    "quick": {
+        "hidden_size": 128,
+        "intermediate_size": 688,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "vocab_size": 4096,
+        "tie_word_embeddings": True,
+        "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]},
+        "rope_theta": 1000000.0,
+        "vision": {"hidden_size": 64, "intermediate_size": 171, "num_heads": 2},
+        "tokens": {
+            "image_token_id": 4090,
+            "video_token_id": 4091,
+            "vision_start_token_id": 4092,
+            "vision_end_token_id": 4093,
+            "bos_token_id": 4094,
+            "eos_token_id": 4095,
+        },
+    },
 }
 REFERENCE_FILES = {"3b": REFERENCE / "3B" / "config.json", "7b": REFERENCE / "config.json"}
 
@@ -88,12 +152,21 @@ def model_config(widths: str, text_layers: int = 1, vision_layers: int = 1):
     else:
         spec = dict(WIDTHS[widths])
         vision = {**QWEN_VISION, **spec.pop("vision", {})}
-        values = {**QWEN_TOKENS, **spec.pop("tokens", {}), **spec, "model_type": "qwen2_5_vl", "vision_config": vision}
+        values = {
+            **QWEN_TOKENS,
+            **spec.pop("tokens", {}),
+            **spec,
+            "model_type": "qwen2_5_vl",
+            "vision_config": vision,
+        }
         origin = "literal" if widths in REFERENCE_FILES else f"{widths} (narrower than 3B)"
     values["num_hidden_layers"] = text_layers
-    values["vision_config"] = {**values["vision_config"], "depth": vision_layers,
-                               "fullatt_block_indexes": [vision_layers - 1],
-                               "out_hidden_size": values["hidden_size"]}
+    values["vision_config"] = {
+        **values["vision_config"],
+        "depth": vision_layers,
+        "fullatt_block_indexes": [vision_layers - 1],
+        "out_hidden_size": values["hidden_size"],
+    }
     values.pop("architectures", None)
     config = Qwen2_5_VLConfig(**values)
     config._attn_implementation = "sdpa"
@@ -120,23 +193,36 @@ def build_model(config, device: str = "cpu", dtype: torch.dtype = torch.float32)
     return model
 
 
-def group_inputs(config, visual_tokens: int, group_size: int, shortest: int = 32, longest: int = 128,
-                 device: str = "cpu") -> dict:
+def group_inputs(
+    config, visual_tokens: int, group_size: int, shortest: int = 32, longest: int = 128, device: str = "cpu"
+) -> dict:
     """One prompt with its video and ``group_size`` answers (lengths spread over shortest..longest)."""
     prompt_ids, video = _prompt(config, visual_tokens)
     lengths = torch.linspace(shortest, longest, group_size).round().long().tolist()
     generator = torch.Generator().manual_seed(0)
     width = max(lengths)
-    completion = torch.randint(100, min(30000, config.get_text_config().vocab_size - 100), (group_size, width), generator=generator)
+    completion = torch.randint(
+        100, min(30000, config.get_text_config().vocab_size - 100), (group_size, width), generator=generator
+    )
     completion_mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()
     prompt = torch.tensor(prompt_ids)[None].repeat(group_size, 1)
     input_ids = torch.cat([prompt, completion * completion_mask], dim=1)
     attention_mask = torch.cat([torch.ones_like(prompt), completion_mask], dim=1)
-    rows = {"video_pixels": [video["pixels"]] * group_size, "video_grid_thw": video["grid"].repeat(group_size, 1),
-            "second_per_grid_ts": video["seconds"].repeat(group_size)}
-    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
-            "completion_length": width, "video_rows": rows, "prompt_tokens": len(prompt_ids), "answers": lengths,
-            "visual_tokens": int(video["grid"].prod()) // 4, "prompt_source": video["source"]}
+    rows = {
+        "video_pixels": [video["pixels"]] * group_size,
+        "video_grid_thw": video["grid"].repeat(group_size, 1),
+        "second_per_grid_ts": video["seconds"].repeat(group_size),
+    }
+    return {
+        "input_ids": input_ids.to(device),
+        "attention_mask": attention_mask.to(device),
+        "completion_length": width,
+        "video_rows": rows,
+        "prompt_tokens": len(prompt_ids),
+        "answers": lengths,
+        "visual_tokens": int(video["grid"].prod()) // 4,
+        "prompt_source": video["source"],
+    }
 
 
 def _prompt(config, visual_tokens: int) -> tuple[list[int], dict]:
@@ -150,13 +236,22 @@ def _prompt(config, visual_tokens: int) -> tuple[list[int], dict]:
         from video_grpo.video import SamplingConfig
 
         area = visual_tokens // 8 * 28 * 28  # 16 frames = 8 frame pairs
-        sampling = SamplingConfig(fps=8.0, min_frames=16, max_frames=16, min_pixels=area, max_pixels=area,
-                                  max_tokens=visual_tokens + 512)
+        sampling = SamplingConfig(
+            fps=8.0,
+            min_frames=16,
+            max_frames=16,
+            min_pixels=area,
+            max_pixels=area,
+            max_tokens=visual_tokens + 512,
+        )
         row = build_dataset(REPO / "data_samples" / "train.jsonl", sampling=sampling)[SAMPLE_VIDEO_INDEX]
         encoded = encode_rows(AutoProcessor.from_pretrained(REFERENCE), [row], QWEN2_5_VL)
-        return encoded["prompt_ids"][0], {"pixels": encoded["video_pixels"][0], "grid": encoded["video_grid_thw"],
-                                          "seconds": encoded["second_per_grid_ts"],
-                                          "source": "real processor, data_samples clip"}
+        return encoded["prompt_ids"][0], {
+            "pixels": encoded["video_pixels"][0],
+            "grid": encoded["video_grid_thw"],
+            "seconds": encoded["second_per_grid_ts"],
+            "source": "real processor, data_samples clip",
+        }
     side = round((visual_tokens / 8) ** 0.5)
     grid = torch.tensor([[8, 2 * side, 2 * side]])
     ids = [100] * 40 + [config.vision_start_token_id] + [config.video_token_id] * (8 * side * side)
@@ -174,14 +269,25 @@ def answer_logps(model, batch: dict, shared: bool) -> tuple[torch.Tensor, int]:
     ids, mask, width = batch["input_ids"], batch["attention_mask"], batch["completion_length"]
     config = model.config
     if shared:
-        packed = pack_rows(ids, mask, width, batch["video_rows"], slice(None), model.model.get_rope_index,
-                           config.video_token_id, 0)
+        packed = pack_rows(
+            ids,
+            mask,
+            width,
+            batch["video_rows"],
+            slice(None),
+            model.model.get_rope_index,
+            config.video_token_id,
+            0,
+        )
         inputs, labels = packed.model_inputs, packed.shift_labels
     else:
-        inputs = {"input_ids": ids, "attention_mask": mask,
-                  **video_kwargs(batch["video_rows"], slice(None), ids, config.video_token_id)}
+        inputs = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            **video_kwargs(batch["video_rows"], slice(None), ids, config.video_token_id),
+        }
         labels = ids.masked_fill(mask == 0, -100)
-        labels[:, : -width] = -100
+        labels[:, :-width] = -100
         labels = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)  # next-token labels
     scored = labels != -100
     if getattr(model, "fused_head", False):  # TRL's chunked head, as the trainer scores
@@ -243,7 +349,9 @@ class PeakMemory:
 def train_step(setting: dict) -> dict:
     """One side's loss forward + backward in this process; ``setting`` as :func:`run_side` passes it."""
     device, dtype = setting.get("device", "cpu"), getattr(torch, setting.get("dtype", "float32"))
-    config, origin = model_config(setting["widths"], setting.get("text_layers", 1), setting.get("vision_layers", 1))
+    config, origin = model_config(
+        setting["widths"], setting.get("text_layers", 1), setting.get("vision_layers", 1)
+    )
     model = build_model(config, device, dtype)
     batch = group_inputs(config, setting["visual_tokens"], setting["G"], device=device)
     for parameter in model.parameters():  # gradients are resident before the step, as in training
@@ -259,9 +367,17 @@ def train_step(setting: dict) -> dict:
             timings.append(time.perf_counter() - started)
         memory = memory or step_memory
         del logps
-    return {"seconds": min(timings), "step_seconds": timings, "peak_added_mb": memory.added_mb, "positions": positions,
-            "prompt_tokens": batch["prompt_tokens"], "answers": batch["answers"],
-            "visual_tokens": batch["visual_tokens"], "config": origin, "prompt_source": batch["prompt_source"]}
+    return {
+        "seconds": min(timings),
+        "step_seconds": timings,
+        "peak_added_mb": memory.added_mb,
+        "positions": positions,
+        "prompt_tokens": batch["prompt_tokens"],
+        "answers": batch["answers"],
+        "visual_tokens": batch["visual_tokens"],
+        "config": origin,
+        "prompt_source": batch["prompt_source"],
+    }
 
 
 def run_side(setting: dict) -> dict:
@@ -273,27 +389,72 @@ def run_side(setting: dict) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def train_rows(emit, widths: str, visual_tokens: int, group_size: int, device: str = "cpu",
-               dtype: str = "float32") -> None:
-    setting = {"widths": widths, "visual_tokens": visual_tokens, "G": group_size, "device": device, "dtype": dtype}
+def train_rows(
+    emit, widths: str, visual_tokens: int, group_size: int, device: str = "cpu", dtype: str = "float32"
+) -> None:
+    setting = {
+        "widths": widths,
+        "visual_tokens": visual_tokens,
+        "G": group_size,
+        "device": device,
+        "dtype": dtype,
+    }
     shared, plain = run_side({**setting, "shared": True}), run_side({**setting, "shared": False})
     prompt, answers = plain["prompt_tokens"], plain["answers"]
     ideal = (prompt + sum(answers)) / (group_size * (prompt + max(answers)))
-    common = {"model": f"Qwen2.5-VL {widths} widths, 1 text + 1 vision layer, random weights",
-              "config": plain["config"], "prompt": plain["prompt_source"], "prompt_tokens": prompt,
-              "visual_tokens": plain["visual_tokens"], "G": group_size, "answer_tokens": answers, "device": device,
-              "dtype": dtype, "ours_setting": "shared_prefix", "baseline_setting": "plain (G rows)"}
-    emit("lm_positions_per_forward", shared["positions"], plain["positions"], "token positions", ideal=round(ideal, 4),
-         goal="ratio within 5% of ideal", **common)
-    emit("train_step_time_shared_prefix", shared["seconds"], plain["seconds"], "s per loss forward+backward",
-         goal="ratio <= 0.35", ours_step_seconds=shared["step_seconds"], baseline_step_seconds=plain["step_seconds"], ours_samples_per_s=round(group_size / shared["seconds"], 3),
-         baseline_samples_per_s=round(group_size / plain["seconds"], 3), **common)
-    emit("peak_memory_shared_prefix", shared["peak_added_mb"], plain["peak_added_mb"],
-         "MB added by forward+backward", goal="ratio <= 0.4", **common)
+    common = {
+        "model": f"Qwen2.5-VL {widths} widths, 1 text + 1 vision layer, random weights",
+        "config": plain["config"],
+        "prompt": plain["prompt_source"],
+        "prompt_tokens": prompt,
+        "visual_tokens": plain["visual_tokens"],
+        "G": group_size,
+        "answer_tokens": answers,
+        "device": device,
+        "dtype": dtype,
+        "ours_setting": "shared_prefix",
+        "baseline_setting": "plain (G rows)",
+    }
+    emit(
+        "lm_positions_per_forward",
+        shared["positions"],
+        plain["positions"],
+        "token positions",
+        ideal=round(ideal, 4),
+        goal="ratio within 5% of ideal",
+        **common,
+    )
+    emit(
+        "train_step_time_shared_prefix",
+        shared["seconds"],
+        plain["seconds"],
+        "s per loss forward+backward",
+        goal="ratio <= 0.35",
+        ours_step_seconds=shared["step_seconds"],
+        baseline_step_seconds=plain["step_seconds"],
+        ours_samples_per_s=round(group_size / shared["seconds"], 3),
+        baseline_samples_per_s=round(group_size / plain["seconds"], 3),
+        **common,
+    )
+    emit(
+        "peak_memory_shared_prefix",
+        shared["peak_added_mb"],
+        plain["peak_added_mb"],
+        "MB added by forward+backward",
+        goal="ratio <= 0.4",
+        **common,
+    )
 
 
-def generation_row(emit, widths: str, visual_tokens: int, group_size: int, new_tokens: int = 64,
-                   device: str = "cpu", dtype: str = "float32") -> None:
+def generation_row(
+    emit,
+    widths: str,
+    visual_tokens: int,
+    group_size: int,
+    new_tokens: int = 64,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> None:
     """``generate`` of G answers to one prompt: one prefill per row (plain) vs one per prompt."""
     from video_grpo import prefill
     from video_grpo.processing import video_kwargs
@@ -302,10 +463,18 @@ def generation_row(emit, widths: str, visual_tokens: int, group_size: int, new_t
     model = build_model(config, device, getattr(torch, dtype)).eval()
     batch = group_inputs(config, visual_tokens, group_size, device=device)
     prompt = batch["input_ids"][:, : batch["prompt_tokens"]]
-    inputs = {"input_ids": prompt, "attention_mask": torch.ones_like(prompt),
-              **video_kwargs(batch["video_rows"], slice(None), prompt, config.video_token_id)}
-    kwargs = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False, "pad_token_id": 0,
-              "eos_token_id": config.get_text_config().eos_token_id}
+    inputs = {
+        "input_ids": prompt,
+        "attention_mask": torch.ones_like(prompt),
+        **video_kwargs(batch["video_rows"], slice(None), prompt, config.video_token_id),
+    }
+    kwargs = {
+        "max_new_tokens": new_tokens,
+        "min_new_tokens": new_tokens,
+        "do_sample": False,
+        "pad_token_id": 0,
+        "eos_token_id": config.get_text_config().eos_token_id,
+    }
     with torch.no_grad():  # warm-up: one short generate on each path
         model.generate(**inputs, **{**kwargs, "max_new_tokens": 2, "min_new_tokens": 2})
         prefill.generate(model, **inputs, **{**kwargs, "max_new_tokens": 2, "min_new_tokens": 2})
@@ -313,15 +482,29 @@ def generation_row(emit, widths: str, visual_tokens: int, group_size: int, new_t
     for name in ("plain", "shared"):
         started = time.perf_counter()
         with torch.no_grad():
-            outputs[name] = (prefill.generate(model, **inputs, **kwargs) if name == "shared"
-                             else model.generate(**inputs, **kwargs))
+            outputs[name] = (
+                prefill.generate(model, **inputs, **kwargs)
+                if name == "shared"
+                else model.generate(**inputs, **kwargs)
+            )
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         seconds[name] = time.perf_counter() - started
-    emit("generation_time_shared_prefill", seconds["shared"], seconds["plain"], "s per generate",
-         model=f"Qwen2.5-VL {widths} widths, 1 text + 1 vision layer, random weights", config=origin,
-         prompt_tokens=batch["prompt_tokens"], G=group_size, new_tokens=new_tokens, device=device, dtype=dtype,
-         same_tokens=bool(torch.equal(outputs["plain"], outputs["shared"])), goal="ratio <= 0.4")
+    emit(
+        "generation_time_shared_prefill",
+        seconds["shared"],
+        seconds["plain"],
+        "s per generate",
+        model=f"Qwen2.5-VL {widths} widths, 1 text + 1 vision layer, random weights",
+        config=origin,
+        prompt_tokens=batch["prompt_tokens"],
+        G=group_size,
+        new_tokens=new_tokens,
+        device=device,
+        dtype=dtype,
+        same_tokens=bool(torch.equal(outputs["plain"], outputs["shared"])),
+        goal="ratio <= 0.4",
+    )
 
 
 def scaling_rows(emit, visual_tokens=(1024, 2048, 4096), group_sizes=(4, 8, 16)) -> None:
@@ -338,9 +521,17 @@ def scaling_rows(emit, visual_tokens=(1024, 2048, 4096), group_sizes=(4, 8, 16))
                 logps, _ = answer_logps(model, batch, shared)
                 (-logps.mean()).backward()
                 seconds[shared] = min(seconds[shared], time.perf_counter() - started)
-            emit("shared_prefix_scaling", seconds[True], seconds[False], "s per loss forward+backward",
-                 visual_tokens=batch["visual_tokens"], prompt_tokens=batch["prompt_tokens"], G=group_size,
-                 model="512 wide, 4,096-token vocabulary, 1 text + 1 vision layer", config=origin)
+            emit(
+                "shared_prefix_scaling",
+                seconds[True],
+                seconds[False],
+                "s per loss forward+backward",
+                visual_tokens=batch["visual_tokens"],
+                prompt_tokens=batch["prompt_tokens"],
+                G=group_size,
+                model="512 wide, 4,096-token vocabulary, 1 text + 1 vision layer",
+                config=origin,
+            )
 
 
 def perf_rows(emit, quick: bool) -> None:
@@ -355,8 +546,11 @@ def perf_rows(emit, quick: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m video_grpo.bench_prefix", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m video_grpo.bench_prefix",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("command", choices=["gpu"], help="gpu: the train and generation rows on one device")
     parser.add_argument("--widths", choices=list(WIDTHS), default="3b")
     parser.add_argument("--visual_tokens", type=int, default=2048)
@@ -366,8 +560,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def emit(name, ours, baseline, unit, **extra):
-        print(json.dumps({"name": name, "ours": ours, "baseline": baseline,
-                          "ratio": ours / baseline if baseline else None, "unit": unit, **extra}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "name": name,
+                    "ours": ours,
+                    "baseline": baseline,
+                    "ratio": ours / baseline if baseline else None,
+                    "unit": unit,
+                    **extra,
+                }
+            ),
+            flush=True,
+        )
 
     train_rows(emit, args.widths, args.visual_tokens, args.G, args.device, args.dtype)
     generation_row(emit, args.widths, args.visual_tokens, args.G, device=args.device, dtype=args.dtype)

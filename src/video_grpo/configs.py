@@ -22,8 +22,8 @@ DEFAULT_PROMPT = (
     'To accurately pinpoint the event "{sentence}" in the video, determine the precise time period of the '
     "event.\n\nOutput your thought process within the <think> </think> tags, including analysis with either "
     "specific time ranges (xx.xx to xx.xx) in <think> </think> tags.\n\nThen, provide the start and end times "
-    "(in seconds, precise to two decimal places) in the format \"start time to end time\" within the "
-    "<answer> </answer> tags. For example: \"12.54 to 17.83\"."
+    '(in seconds, precise to two decimal places) in the format "start time to end time" within the '
+    '<answer> </answer> tags. For example: "12.54 to 17.83".'
 )
 
 
@@ -33,23 +33,30 @@ class GRPOScriptArguments:
 
     train_file: str | None = field(
         default=None,
-        metadata={"help": "Training annotations, JSONL with id, video, duration, solution [start, end], sentence."},
+        metadata={
+            "help": "Training annotations, JSONL with id, video, duration, solution [start, end], sentence."
+        },
     )
     eval_file: str | None = field(
         default=None, metadata={"help": "Optional evaluation annotations in the same format as train_file."}
     )
     video_root: str | None = field(
         default=None,
-        metadata={"help": "Directory that relative `video` paths are resolved against. Default: the "
-                  "directory of the annotation file."},
+        metadata={
+            "help": "Directory that relative `video` paths are resolved against. Default: the "
+            "directory of the annotation file."
+        },
     )
     dataset_format: str | None = field(
         default=None,
-        metadata={"help": "Annotation format: jsonl, charades_txt, grounding_json (TimeZero/VideoChat Charades, "
-                  "ActivityNet Captions) or qvhighlights. Detected from the file when unset."},
+        metadata={
+            "help": "Annotation format: jsonl, charades_txt, grounding_json (TimeZero/VideoChat Charades, "
+            "ActivityNet Captions) or qvhighlights. Detected from the file when unset."
+        },
     )
     durations_file: str | None = field(
-        default=None, metadata={"help": "Charades CSV whose 'length' column gives durations (charades_txt only)."}
+        default=None,
+        metadata={"help": "Charades CSV whose 'length' column gives durations (charades_txt only)."},
     )
     video_extensions: list[str] = field(
         default_factory=lambda: [".mp4", ".webm", ".mkv", ".avi", ".mov"],
@@ -57,45 +64,60 @@ class GRPOScriptArguments:
     )
     strict_data: bool = field(
         default=False,
-        metadata={"help": "Fail on spans with start >= end, ends past the video and missing videos, instead of "
-                  "skipping, clamping and listing them."},
+        metadata={
+            "help": "Fail on spans with start >= end, ends past the video and missing videos, instead of "
+            "skipping, clamping and listing them."
+        },
     )
     allow_absolute_video_paths: bool = field(
         default=False,
-        metadata={"help": "Let annotation files name videos by absolute path or with '..' outside video_root. "
-                  "Off by default, so an annotation file cannot point the loader at arbitrary files."},
+        metadata={
+            "help": "Let annotation files name videos by absolute path or with '..' outside video_root. "
+            "Off by default, so an annotation file cannot point the loader at arbitrary files."
+        },
     )
     max_bad_sample_fraction: float = field(
         default=0.05,
-        metadata={"help": "A video that cannot be read during training is replaced by another sample and counted "
-                  "(data/bad_samples). Above this fraction of the samples seen, the run stops."},
+        metadata={
+            "help": "A video that cannot be read during training is replaced by another sample and counted "
+            "(data/bad_samples). Above this fraction of the samples seen, the run stops."
+        },
     )
     freeze_vision_tower: bool = field(
-        default=False, metadata={"help": "Train the language model only; the vision encoder keeps its weights."}
+        default=False,
+        metadata={"help": "Train the language model only; the vision encoder keeps its weights."},
     )
     shared_prefix: bool | None = field(
         default=None,
-        metadata={"help": "Run each prompt through the language model once per micro-batch in the old-policy, "
-                  "reference and loss forwards, its G answers attending to that one copy (exact; see README "
-                  "'Shared prompt'). Unset (the default): on where it is exact (Qwen2.5-VL, Qwen3-VL with sdpa or "
-                  "eager attention), off with one warning elsewhere. true: on, or an error before the model loads. "
-                  "false: off."},
+        metadata={
+            "help": "Run each prompt through the language model once per micro-batch in the old-policy, "
+            "reference and loss forwards, its G answers attending to that one copy (exact; see README "
+            "'Shared prompt'). Unset (the default): on where it is exact (Qwen2.5-VL, Qwen3-VL with sdpa or "
+            "eager attention), off with one warning elsewhere. true: on, or an error before the model loads. "
+            "false: off."
+        },
     )
     frame_cache_dir: str | None = field(
         default=None,
-        metadata={"help": "Directory of pre-decoded frames written by `python -m video_grpo.preprocess`. Used when "
-                  "an entry matches the file and every sampling setting; otherwise the video is decoded."},
+        metadata={
+            "help": "Directory of pre-decoded frames written by `python -m video_grpo.preprocess`. Used when "
+            "an entry matches the file and every sampling setting; otherwise the video is decoded."
+        },
     )
     frame_cache_format: str = field(
         default="jpeg",
-        metadata={"help": "How preprocess stores frames and which entries training reads: 'jpeg' (about 1/12 the "
-                  "size of raw, ~40 dB PSNR against the decoded frames; reads raw entries too) or 'raw' (exact "
-                  "uint8 frames, about 45x the mp4). See video_grpo.frame_cache."},
+        metadata={
+            "help": "How preprocess stores frames and which entries training reads: 'jpeg' (about 1/12 the "
+            "size of raw, ~40 dB PSNR against the decoded frames; reads raw entries too) or 'raw' (exact "
+            "uint8 frames, about 45x the mp4). See video_grpo.frame_cache."
+        },
     )
     eval_grounding_samples: int | None = field(
         default=64,
-        metadata={"help": "With eval_strategy set: how many eval queries are answered greedily at each evaluation "
-                  "for R1@0.3/0.5/0.7 and mIoU (logged as eval_R1@0.5, eval_mIoU). None: all; 0: skip."},
+        metadata={
+            "help": "With eval_strategy set: how many eval queries are answered greedily at each evaluation "
+            "for R1@0.3/0.5/0.7 and mIoU (logged as eval_R1@0.5, eval_mIoU). None: all; 0: skip."
+        },
     )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N training records (for smoke runs)."}
@@ -107,8 +129,10 @@ class GRPOScriptArguments:
     video_max_frames: int = field(default=64, metadata={"help": "Most frames sampled from any video."})
     video_min_pixels: int = field(
         default=16 * 28 * 28,
-        metadata={"help": "Smallest area (H*W) a sampled frame is resized to. Must be <= video_max_pixels and at "
-                  "least one visual token (28x28 for Qwen2.5-VL, 32x32 for Qwen3-VL and Qwen3.5)."},
+        metadata={
+            "help": "Smallest area (H*W) a sampled frame is resized to. Must be <= video_max_pixels and at "
+            "least one visual token (28x28 for Qwen2.5-VL, 32x32 for Qwen3-VL and Qwen3.5)."
+        },
     )
     video_max_pixels: int = field(
         default=256 * 28 * 28,
@@ -116,43 +140,57 @@ class GRPOScriptArguments:
     )
     video_max_tokens: int = field(
         default=3584,
-        metadata={"help": "Hard cap on visual tokens per video (frames/2 * H*W / pixels per token). Frames are first shrunk "
-                  "towards video_min_pixels, then fewer frames are taken, spread over the whole video."},
+        metadata={
+            "help": "Hard cap on visual tokens per video (frames/2 * H*W / pixels per token). Frames are first shrunk "
+            "towards video_min_pixels, then fewer frames are taken, spread over the whole video."
+        },
     )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["iou", "format"],
-        metadata={"help": "Reward names from video_grpo.rewards.REWARD_FUNCS, or dotted paths "
-                  "'package.module:function'. Weights come from GRPOConfig.reward_weights."},
+        metadata={
+            "help": "Reward names from video_grpo.rewards.REWARD_FUNCS, or dotted paths "
+            "'package.module:function'. Weights come from GRPOConfig.reward_weights."
+        },
     )
     reward_kwargs: dict | str | None = field(
         default=None,
-        metadata={"help": "Parameters bound to rewards, keyed by their name in reward_funcs, e.g. "
-                  "{length_penalty: {max_think_words: 128}}. A JSON string on the command line."},
+        metadata={
+            "help": "Parameters bound to rewards, keyed by their name in reward_funcs, e.g. "
+            "{length_penalty: {max_think_words: 128}}. A JSON string on the command line."
+        },
     )
     prompt_template: str = field(
         default=DEFAULT_PROMPT,
-        metadata={"help": "User prompt after the video. '{sentence}' is replaced by the query; '{duration}' "
-                  "(optional) by the video length in seconds."},
+        metadata={
+            "help": "User prompt after the video. '{sentence}' is replaced by the query; '{duration}' "
+            "(optional) by the video length in seconds."
+        },
     )
     gt_guidance: bool = field(
         default=False,
-        metadata={"help": "Ground-truth-guided rollouts (TempSamp-R1, arXiv 2509.18056): each group holds G-1 sampled "
-                  "answers and one off-policy answer written from the annotated span. Pair it with "
-                  "advantage_shaping: tempsamp; without shaping the guided answer's reward lifts the group mean "
-                  "and can push every sampled answer's advantage below zero."},
+        metadata={
+            "help": "Ground-truth-guided rollouts (TempSamp-R1, arXiv 2509.18056): each group holds G-1 sampled "
+            "answers and one off-policy answer written from the annotated span. Pair it with "
+            "advantage_shaping: tempsamp; without shaping the guided answer's reward lifts the group mean "
+            "and can push every sampled answer's advantage below zero."
+        },
     )
     advantage_shaping: str = field(
         default="none",
-        metadata={"help": "How rewards become advantages: 'none' (TRL's group normalisation) or 'tempsamp' "
-                  "(TempSamp-R1's non-linear reward shaping, Eq. 4, before the same normalisation; see "
-                  "video_grpo.grpo_math.shaped_advantages)."},
+        metadata={
+            "help": "How rewards become advantages: 'none' (TRL's group normalisation) or 'tempsamp' "
+            "(TempSamp-R1's non-linear reward shaping, Eq. 4, before the same normalisation; see "
+            "video_grpo.grpo_math.shaped_advantages)."
+        },
     )
     answer_template: str = field(
         default=DEFAULT_ANSWER_TEMPLATE,
-        metadata={"help": "An answer written from the annotated span: the cold-start SFT target (video_grpo.sft) and, "
-                  "with gt_guidance, the guided answer. {start} and {end} are seconds, written with "
-                  "video_grpo.configs.ANSWER_DECIMALS (1) places in both, so the guided answer has the precision "
-                  "the cold start teaches the policy; {sentence} is the query."},
+        metadata={
+            "help": "An answer written from the annotated span: the cold-start SFT target (video_grpo.sft) and, "
+            "with gt_guidance, the guided answer. {start} and {end} are seconds, written with "
+            "video_grpo.configs.ANSWER_DECIMALS (1) places in both, so the guided answer has the precision "
+            "the cold start teaches the policy; {sentence} is the query."
+        },
     )
 
     # Resolve reward_funcs (importing plug-ins) at parse time, so training fails on a bad reward before the model
@@ -166,24 +204,36 @@ class GRPOScriptArguments:
         from video_grpo.annotations import FORMATS
 
         if self.dataset_format is not None and self.dataset_format not in FORMATS:
-            fail("dataset_format", f"unknown format {self.dataset_format!r}; choose one of {list(FORMATS)} or leave it unset.")
+            fail(
+                "dataset_format",
+                f"unknown format {self.dataset_format!r}; choose one of {list(FORMATS)} or leave it unset.",
+            )
         if self.video_fps <= 0:
             fail("video_fps", f"must be > 0, got {self.video_fps}.")
         if self.video_min_frames < 1:
             fail("video_min_frames", f"must be >= 1, got {self.video_min_frames}.")
         if self.video_min_frames > self.video_max_frames:
-            fail("video_min_frames", f"{self.video_min_frames} is above video_max_frames="
-                 f"{self.video_max_frames}; lower it or raise video_max_frames.")
+            fail(
+                "video_min_frames",
+                f"{self.video_min_frames} is above video_max_frames="
+                f"{self.video_max_frames}; lower it or raise video_max_frames.",
+            )
         if self.video_min_pixels > self.video_max_pixels:
-            fail("video_min_pixels", f"{self.video_min_pixels} is above video_max_pixels={self.video_max_pixels}; "
-                 "lower video_min_pixels or raise video_max_pixels.")
+            fail(
+                "video_min_pixels",
+                f"{self.video_min_pixels} is above video_max_pixels={self.video_max_pixels}; "
+                "lower video_min_pixels or raise video_max_pixels.",
+            )
         if not 0 <= self.max_bad_sample_fraction <= 1:
             fail("max_bad_sample_fraction", f"must be in [0, 1], got {self.max_bad_sample_fraction}.")
         from video_grpo.frame_cache import CACHE_FORMATS
 
         if self.frame_cache_format not in CACHE_FORMATS:
-            fail("frame_cache_format", f"unknown format {self.frame_cache_format!r}; choose one of "
-                 f"{list(CACHE_FORMATS)} (jpeg: about 1/12 the size; raw: exact frames).")
+            fail(
+                "frame_cache_format",
+                f"unknown format {self.frame_cache_format!r}; choose one of "
+                f"{list(CACHE_FORMATS)} (jpeg: about 1/12 the size; raw: exact frames).",
+            )
         if "{sentence}" not in self.prompt_template:
             fail("prompt_template", "must contain '{sentence}' where the query goes.")
         if isinstance(self.reward_funcs, str):
@@ -196,9 +246,13 @@ class GRPOScriptArguments:
             except json.JSONDecodeError as err:
                 fail("reward_kwargs", f"is not valid JSON ({err.msg}): {self.reward_kwargs!r}")
         if self.reward_kwargs is not None and not (
-            isinstance(self.reward_kwargs, dict) and all(isinstance(v, dict) for v in self.reward_kwargs.values())
+            isinstance(self.reward_kwargs, dict)
+            and all(isinstance(v, dict) for v in self.reward_kwargs.values())
         ):
-            fail("reward_kwargs", "must map reward names to parameter mappings, e.g. {length_penalty: {max_think_words: 128}}.")
+            fail(
+                "reward_kwargs",
+                "must map reward names to parameter mappings, e.g. {length_penalty: {max_think_words: 128}}.",
+            )
         if self.import_reward_plugins:
             from video_grpo.rewards import resolve_reward_funcs
 
@@ -209,14 +263,18 @@ class GRPOScriptArguments:
         from video_grpo.grpo_math import SHAPING_METHODS
 
         if self.advantage_shaping not in SHAPING_METHODS:
-            fail("advantage_shaping", f"unknown shaping {self.advantage_shaping!r}; choose one of "
-                 f"{list(SHAPING_METHODS)} ('tempsamp' with gt_guidance: true is TempSamp-R1).")
+            fail(
+                "advantage_shaping",
+                f"unknown shaping {self.advantage_shaping!r}; choose one of "
+                f"{list(SHAPING_METHODS)} ('tempsamp' with gt_guidance: true is TempSamp-R1).",
+            )
         if self.gt_guidance and self.advantage_shaping == "none":
             import logging
 
             logging.getLogger(__name__).warning(
                 "gt_guidance is on with advantage_shaping: none. TempSamp-R1 (Table 4) found this the worst variant "
-                "(R1@0.5 63.0 against 68.9 for plain GRPO on Charades-STA); set advantage_shaping: tempsamp.")
+                "(R1@0.5 63.0 against 68.9 for plain GRPO on Charades-STA); set advantage_shaping: tempsamp."
+            )
 
 
 class DataToolArguments(GRPOScriptArguments):
@@ -273,18 +331,25 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
     if strategy != "no" and not script_args.eval_file:
         fail("eval_strategy", f"is {strategy!r} but eval_file is not set; set eval_file or use 'no'.")
     if getattr(training_args, "use_vllm", False):
-        fail("use_vllm", "vLLM rollouts do not support video here yet: TRL 1.16 sends vLLM the prompt token ids "
-             "without the frames (it forwards images only), so the policy would answer without seeing the video. "
-             "Set use_vllm: false; generation then runs in transformers with the video.")
+        fail(
+            "use_vllm",
+            "vLLM rollouts do not support video here yet: TRL 1.16 sends vLLM the prompt token ids "
+            "without the frames (it forwards images only), so the policy would answer without seeing the video. "
+            "Set use_vllm: false; generation then runs in transformers with the video.",
+        )
     check_report_to(training_args.report_to)
     if training_args.trust_remote_code:
         import logging
 
-        logging.getLogger(__name__).warning("trust_remote_code is on: the model repository may run its own code.")
+        logging.getLogger(__name__).warning(
+            "trust_remote_code is on: the model repository may run its own code."
+        )
     # Last, as it reads the model's config.json (not its weights): the family sets what a frame costs.
     from video_grpo.families import family_of_model
 
-    family = family_of_model(model_args.model_name_or_path, model_args.model_revision, training_args.trust_remote_code)
+    family = family_of_model(
+        model_args.model_name_or_path, model_args.model_revision, training_args.trust_remote_code
+    )
     check_video_budget(script_args, family)
     if script_args.shared_prefix:
         check_shared_prefix(model_args, training_args.trust_remote_code)
@@ -296,42 +361,61 @@ def check_shared_prefix(model_args, trust_remote_code: bool = False) -> None:
 
     from video_grpo.prefix import unsupported_reason
 
-    config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
-                                        trust_remote_code=trust_remote_code)
+    config = AutoConfig.from_pretrained(
+        model_args.model_name_or_path, revision=model_args.model_revision, trust_remote_code=trust_remote_code
+    )
     reason = unsupported_reason(config, model_args.attn_implementation or "sdpa")
     if reason:
-        raise ValueError(f"shared_prefix: true cannot be exact here: {reason}. Set shared_prefix: false (or leave it "
-                         "unset, which turns it off here with a warning)"
-                         + ("" if "attn_implementation" not in reason else ", or use attn_implementation: sdpa") + ".")
+        raise ValueError(
+            f"shared_prefix: true cannot be exact here: {reason}. Set shared_prefix: false (or leave it "
+            "unset, which turns it off here with a warning)"
+            + ("" if "attn_implementation" not in reason else ", or use attn_implementation: sdpa")
+            + "."
+        )
 
 
 def check_video_budget(script_args: GRPOScriptArguments, family) -> None:
     """The frame-size and token-budget settings against the model family's token size (28 or 32 px)."""
+
     def fail(name: str, why: str) -> None:
         raise ValueError(f"{name}: {why}")
 
     per_token, pair, side = family.pixels_per_token, family.temporal_patch, family.size_multiple
     if script_args.video_min_pixels < per_token:
-        fail("video_min_pixels", f"must be >= {per_token} (one {side}x{side} token of {family.name}), got "
-             f"{script_args.video_min_pixels}.")
+        fail(
+            "video_min_pixels",
+            f"must be >= {per_token} (one {side}x{side} token of {family.name}), got "
+            f"{script_args.video_min_pixels}.",
+        )
     min_frames = script_args.video_min_frames
     floor_frames = max(pair, min_frames + (-min_frames) % pair)
     floor_tokens = floor_frames // pair * (script_args.video_min_pixels // per_token)
     if script_args.video_max_tokens < floor_tokens:
-        fail("video_max_tokens", f"{script_args.video_max_tokens} cannot hold even video_min_frames={min_frames} "
-             f"frames at video_min_pixels={script_args.video_min_pixels} ({floor_tokens} {family.name} tokens); raise "
-             f"it to at least {floor_tokens} or lower those two.")
+        fail(
+            "video_max_tokens",
+            f"{script_args.video_max_tokens} cannot hold even video_min_frames={min_frames} "
+            f"frames at video_min_pixels={script_args.video_min_pixels} ({floor_tokens} {family.name} tokens); raise "
+            f"it to at least {floor_tokens} or lower those two.",
+        )
     reachable = pair * (script_args.video_max_tokens // (script_args.video_min_pixels // per_token))
     if script_args.video_max_frames > reachable:
-        fail("video_max_frames", f"{script_args.video_max_frames} frames can never fit video_max_tokens="
-             f"{script_args.video_max_tokens}: even at video_min_pixels={script_args.video_min_pixels} at most "
-             f"{reachable} frames fit ({family.name}). Lower video_max_frames to {reachable} or raise video_max_tokens.")
+        fail(
+            "video_max_frames",
+            f"{script_args.video_max_frames} frames can never fit video_max_tokens="
+            f"{script_args.video_max_tokens}: even at video_min_pixels={script_args.video_min_pixels} at most "
+            f"{reachable} frames fit ({family.name}). Lower video_max_frames to {reachable} or raise video_max_tokens.",
+        )
 
 
 # report_to backend -> (modules of which one must import, pip package to install)
-REPORT_BACKENDS = {"tensorboard": (("tensorboard", "tensorboardX"), "tensorboard"), "wandb": (("wandb",), "wandb"),
-                   "mlflow": (("mlflow",), "mlflow"), "comet_ml": (("comet_ml",), "comet-ml"),
-                   "trackio": (("trackio",), "trackio"), "swanlab": (("swanlab",), "swanlab")}
+REPORT_BACKENDS = {
+    "tensorboard": (("tensorboard", "tensorboardX"), "tensorboard"),
+    "wandb": (("wandb",), "wandb"),
+    "mlflow": (("mlflow",), "mlflow"),
+    "comet_ml": (("comet_ml",), "comet-ml"),
+    "trackio": (("trackio",), "trackio"),
+    "swanlab": (("swanlab",), "swanlab"),
+}
 
 
 def check_report_to(report_to) -> None:
@@ -344,5 +428,7 @@ def check_report_to(report_to) -> None:
             continue  # "none", "all", or a backend transformers itself reports on
         modules, package = REPORT_BACKENDS[backend]
         if not any(importlib.util.find_spec(module) for module in modules):
-            raise ValueError(f"report_to: {backend!r} needs the {package!r} package, which is not installed; "
-                             f"`pip install {package}` or set report_to to another backend (or none).")
+            raise ValueError(
+                f"report_to: {backend!r} needs the {package!r} package, which is not installed; "
+                f"`pip install {package}` or set report_to to another backend (or none)."
+            )

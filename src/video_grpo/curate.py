@@ -300,8 +300,9 @@ def sample_main(args: argparse.Namespace) -> tuple[Path | None, str | None]:
 
     state = PartialState()
     set_seed(args.seed + state.process_index)
-    dataset, ids = load_split(args.config, family_of_model(args.model_name_or_path), args.split, args.annotations,
-                              args.max_samples)
+    dataset, ids = load_split(
+        args.config, family_of_model(args.model_name_or_path), args.split, args.annotations, args.max_samples
+    )
     script_args = script_args_from_yaml(args.config)
     source = args.annotations or (script_args.eval_file if args.split == "eval" else script_args.train_file)
     loader_root = script_args.video_root or str(Path(source).resolve().parent)

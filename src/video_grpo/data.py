@@ -55,8 +55,14 @@ class VideoTransform:
 
     max_replacement_tries = 32
 
-    def __init__(self, sampling: SamplingConfig, prompt_template: str = DEFAULT_PROMPT, cache_dir: str | None = None,
-                 records: list[dict] | None = None, cache_format: str = DEFAULT_CACHE_FORMAT):
+    def __init__(
+        self,
+        sampling: SamplingConfig,
+        prompt_template: str = DEFAULT_PROMPT,
+        cache_dir: str | None = None,
+        records: list[dict] | None = None,
+        cache_format: str = DEFAULT_CACHE_FORMAT,
+    ):
         self.sampling = sampling
         self.prompt_template = prompt_template
         self.cache_dir = cache_dir
@@ -79,8 +85,10 @@ class VideoTransform:
             video = self._load(record["video"], decoded)
             if not isinstance(video, VideoReadError):
                 return record, video
-        raise VideoReadError(self.records[row_index]["video"],
-                             f"it and {len(candidates)} replacement candidates are all unreadable")
+        raise VideoReadError(
+            self.records[row_index]["video"],
+            f"it and {len(candidates)} replacement candidates are all unreadable",
+        )
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
         batch = {key: list(values) for key, values in batch.items()}
@@ -103,7 +111,8 @@ class VideoTransform:
             bad.append(problem)
         batch["video_frames"], batch["video_metadata"], batch["bad_sample"] = frames, metadata, bad
         batch["prompt"] = [
-            build_prompt(s, d, self.prompt_template) for s, d in zip(batch["sentence"], batch["duration"], strict=True)
+            build_prompt(s, d, self.prompt_template)
+            for s, d in zip(batch["sentence"], batch["duration"], strict=True)
         ]
         return batch
 
@@ -128,17 +137,33 @@ def build_dataset(
     ``replace_bad_samples``: for training, a row whose video cannot be read becomes another row; evaluation
     turns it off, so every query is answered for itself or reported as failed. ``cache_dir`` and
     ``cache_format``: where and in which format (:mod:`video_grpo.frame_cache`) to look for stored frames."""
-    records, report = load_annotations(annotation_file, dataset_format, video_root, durations_file,
-                                       tuple(video_extensions), strict, allow_absolute_video_paths)
+    records, report = load_annotations(
+        annotation_file,
+        dataset_format,
+        video_root,
+        durations_file,
+        tuple(video_extensions),
+        strict,
+        allow_absolute_video_paths,
+    )
     if max_samples is not None:
         records = records[:max_samples]
     if not records:
-        raise AnnotationError(f"{annotation_file}: no usable records ({len(report.invalid_spans)} invalid spans)")
+        raise AnnotationError(
+            f"{annotation_file}: no usable records ({len(report.invalid_spans)} invalid spans)"
+        )
     for index, record in enumerate(records):
         record["row_index"] = index
     dataset = Dataset.from_list(records)
-    dataset.set_transform(VideoTransform(sampling or SamplingConfig(), prompt_template, cache_dir,
-                                         records if replace_bad_samples else None, cache_format))
+    dataset.set_transform(
+        VideoTransform(
+            sampling or SamplingConfig(),
+            prompt_template,
+            cache_dir,
+            records if replace_bad_samples else None,
+            cache_format,
+        )
+    )
     if report.invalid_spans or report.clamped_spans or report.missing_videos:
         logger.warning(
             f"{annotation_file}: {report.records} queries; skipped {len(report.invalid_spans)} with start >= end, "
@@ -179,7 +204,9 @@ def check_videos(report: DataReport, videos: list[str], sampling: SamplingConfig
     """Open (or, with ``sampling``, decode) every present video; unreadable ones go into ``report``."""
     missing = set(report.missing_videos)
     present = [v for v in videos if v not in missing]
-    for video in tqdm(present, desc="decoding videos" if sampling else "reading headers", disable=quiet, unit="video"):
+    for video in tqdm(
+        present, desc="decoding videos" if sampling else "reading headers", disable=quiet, unit="video"
+    ):
         try:
             read_video(video, sampling) if sampling else probe_video(video)
         except VideoReadError as err:
@@ -187,18 +214,22 @@ def check_videos(report: DataReport, videos: list[str], sampling: SamplingConfig
 
 
 def format_summary(annotations: str, report: DataReport, decoded: bool) -> str:
-    lines = [f"annotations      {annotations}",
-             f"records          {report.records} usable queries over {report.videos} videos",
-             f"invalid spans    {len(report.invalid_spans)} skipped (start >= end)",
-             f"clamped spans    {len(report.clamped_spans)} (end after the video, set to its duration)",
-             f"missing videos   {len(report.missing_videos)}",
-             f"unreadable       {len(report.unreadable_videos)} ({'decoded' if decoded else 'headers checked'})"]
+    lines = [
+        f"annotations      {annotations}",
+        f"records          {report.records} usable queries over {report.videos} videos",
+        f"invalid spans    {len(report.invalid_spans)} skipped (start >= end)",
+        f"clamped spans    {len(report.clamped_spans)} (end after the video, set to its duration)",
+        f"missing videos   {len(report.missing_videos)}",
+        f"unreadable       {len(report.unreadable_videos)} ({'decoded' if decoded else 'headers checked'})",
+    ]
     for title, items in (("missing", report.missing_videos), ("unreadable", report.unreadable_videos)):
         for item in items[:10]:
             lines.append(f"  {title}: {item}")
         if len(items) > 10:
             lines.append(f"  ... and {len(items) - 10} more {title}")
-    lines.append("OK: the data can train." if report.can_train else "NOT READY: fix the items above before training.")
+    lines.append(
+        "OK: the data can train." if report.can_train else "NOT READY: fix the items above before training."
+    )
     return "\n".join(lines)
 
 
@@ -216,30 +247,44 @@ def missing_recipe_paths(script_args, config: str, names: tuple[str, ...]) -> li
         want_dir = name == "video_root"
         if os.path.isdir(path) if want_dir else os.path.isfile(path):
             continue
-        where = "" if os.path.isabs(path) else f" (relative paths are resolved from the current directory, {os.getcwd()})"
+        where = (
+            ""
+            if os.path.isabs(path)
+            else f" (relative paths are resolved from the current directory, {os.getcwd()})"
+        )
         what = "directory" if want_dir else "file"
-        problems.append(f"{name}: {path!r}, set in {config}, is not an existing {what}{where}. Fix {name} in the "
-                        f"recipe to point at the {what}" + (", or remove it if the annotations carry durations."
-                                                           if name == "durations_file" else "."))
+        problems.append(
+            f"{name}: {path!r}, set in {config}, is not an existing {what}{where}. Fix {name} in the "
+            f"recipe to point at the {what}"
+            + (", or remove it if the annotations carry durations." if name == "durations_file" else ".")
+        )
     return problems
 
 
 def check_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m video_grpo.data check",
-                                     description="Validate annotations and videos before training.")
+    parser = argparse.ArgumentParser(
+        prog="python -m video_grpo.data check", description="Validate annotations and videos before training."
+    )
     parser.add_argument("--config", help="a GRPO recipe YAML; its train_file, video_root, ... are used")
-    parser.add_argument("--split", choices=["train", "eval"], default="train", help="with --config: which file")
+    parser.add_argument(
+        "--split", choices=["train", "eval"], default="train", help="with --config: which file"
+    )
     parser.add_argument("--annotations", help="annotation file (instead of --config)")
     parser.add_argument("--video_root")
     parser.add_argument("--durations", help="Charades CSV with a 'length' column (for .txt annotations)")
     parser.add_argument("--format", dest="dataset_format")
     parser.add_argument("--strict", action="store_true", help="treat policy violations as errors")
-    parser.add_argument("--allow_absolute_video_paths", action="store_true",
-                        help="accept video paths outside --video_root")
-    parser.add_argument("--decode", action="store_true", help="decode every video's sampled frames, not only headers")
-    parser.add_argument("--model_family", choices=sorted(FAMILIES),
-                        help="frame geometry for --decode; default: the recipe model's family (--config), else "
-                        "qwen2_5_vl")
+    parser.add_argument(
+        "--allow_absolute_video_paths", action="store_true", help="accept video paths outside --video_root"
+    )
+    parser.add_argument(
+        "--decode", action="store_true", help="decode every video's sampled frames, not only headers"
+    )
+    parser.add_argument(
+        "--model_family",
+        choices=sorted(FAMILIES),
+        help="frame geometry for --decode; default: the recipe model's family (--config), else qwen2_5_vl",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
     args = parser.parse_args(argv)
     if bool(args.config) == bool(args.annotations):
@@ -252,7 +297,9 @@ def check_main(argv: list[str] | None = None) -> int:
         annotations = script_args.train_file if args.split == "train" else script_args.eval_file
         if not annotations:
             parser.error(f"{args.config} sets no {args.split}_file")
-        problems = missing_recipe_paths(script_args, args.config, (f"{args.split}_file", "durations_file", "video_root"))
+        problems = missing_recipe_paths(
+            script_args, args.config, (f"{args.split}_file", "durations_file", "video_root")
+        )
         if problems:
             for problem in problems:
                 print(f"error: {problem}", file=sys.stderr)
@@ -260,19 +307,34 @@ def check_main(argv: list[str] | None = None) -> int:
         family = family_of_recipe(args.config, args.model_family) if args.decode else FAMILIES["qwen2_5_vl"]
         kwargs = dataset_kwargs(script_args, family)
         sampling = kwargs["sampling"]
-        load_kwargs = {k: kwargs[k] for k in ("video_root", "dataset_format", "durations_file", "video_extensions",
-                                              "allow_absolute_video_paths")}
+        load_kwargs = {
+            k: kwargs[k]
+            for k in (
+                "video_root",
+                "dataset_format",
+                "durations_file",
+                "video_extensions",
+                "allow_absolute_video_paths",
+            )
+        }
         strict = args.strict or script_args.strict_data
     else:
         family = FAMILIES[args.model_family or "qwen2_5_vl"]
         annotations, strict = args.annotations, args.strict
         if args.durations and not Path(args.durations).is_file():
-            print(f"error: --durations: {args.durations!r} is not an existing file; pass the Charades CSV with the "
-                  "'length' column (Charades_v1_train.csv / Charades_v1_test.csv).", file=sys.stderr)
+            print(
+                f"error: --durations: {args.durations!r} is not an existing file; pass the Charades CSV with the "
+                "'length' column (Charades_v1_train.csv / Charades_v1_test.csv).",
+                file=sys.stderr,
+            )
             return 2
         sampling = SamplingConfig(size_multiple=family.size_multiple, temporal_patch=family.temporal_patch)
-        load_kwargs = {"video_root": args.video_root, "dataset_format": args.dataset_format,
-                       "durations_file": args.durations, "allow_absolute_video_paths": args.allow_absolute_video_paths}
+        load_kwargs = {
+            "video_root": args.video_root,
+            "dataset_format": args.dataset_format,
+            "durations_file": args.durations,
+            "allow_absolute_video_paths": args.allow_absolute_video_paths,
+        }
     try:
         records, report = load_annotations(annotations, strict=strict, **load_kwargs)
     except (AnnotationError, FileNotFoundError) as err:
@@ -290,8 +352,10 @@ def check_main(argv: list[str] | None = None) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] != "check":
-        print("usage: python -m video_grpo.data check [--config C | --annotations A ...] [--decode] [--json]",
-              file=sys.stderr)
+        print(
+            "usage: python -m video_grpo.data check [--config C | --annotations A ...] [--decode] [--json]",
+            file=sys.stderr,
+        )
         return 2
     return check_main(argv[1:])
 

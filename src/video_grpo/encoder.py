@@ -47,7 +47,7 @@ class VideoEncoderOnce:
         ``get_video_features`` is replaced. ``deepstack``: the tower also returns DeepStack features (Qwen3-VL)."""
         self.original = model_core.get_video_features
         self.deepstack = deepstack
-        self.merge = model_core.visual.spatial_merge_size ** 2
+        self.merge = model_core.visual.spatial_merge_size**2
         self.reuse_across_calls = reuse_across_calls
         self.cache: list[tuple[tuple, torch.Tensor, tuple]] = []  # (key, pixels, (pooler, *deepstack levels))
         self.stats = EncoderStats()
@@ -102,7 +102,9 @@ class VideoEncoderOnce:
                 return features
         return None
 
-    def __call__(self, pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor | None = None, **kwargs):
+    def __call__(
+        self, pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor | None = None, **kwargs
+    ):
         kwargs.pop("return_dict", None)
         rows = video_grid_thw.prod(-1).tolist()
         videos = torch.split(pixel_values_videos, rows)
@@ -118,7 +120,9 @@ class VideoEncoderOnce:
             if features is not None:
                 assignment.append(("known", features))
                 continue
-            match = next((j for j, k in enumerate(to_encode) if keys[k] == key and torch.equal(videos[k], video)), None)
+            match = next(
+                (j for j, k in enumerate(to_encode) if keys[k] == key and torch.equal(videos[k], video)), None
+            )
             if match is None:
                 to_encode.append(i)
                 match = len(to_encode) - 1
@@ -132,14 +136,20 @@ class VideoEncoderOnce:
                 "and encoding them here would run the tower on this rank only (a ZeRO-3 hang)."
             )
         if to_encode:
-            output = self.original(torch.cat([videos[i] for i in to_encode]), video_grid_thw[to_encode],
-                                   return_dict=True, **kwargs)
+            output = self.original(
+                torch.cat([videos[i] for i in to_encode]),
+                video_grid_thw[to_encode],
+                return_dict=True,
+                **kwargs,
+            )
             encoded = split_features(output)
             self.stats.encoder_runs += 1
             self.stats.rows_encoded += sum(rows[i] for i in to_encode)
             if self.reuse_across_calls and self.use_cache:
-                self.cache += [(keys[i], videos[i], tuple(part.detach() for part in parts))
-                               for i, parts in zip(to_encode, encoded, strict=True)]
+                self.cache += [
+                    (keys[i], videos[i], tuple(part.detach() for part in parts))
+                    for i, parts in zip(to_encode, encoded, strict=True)
+                ]
         return self.join_features([encoded[ref] if kind == "new" else ref for kind, ref in assignment])
 
     def join_features(self, per_video: list[tuple[torch.Tensor, ...]]):

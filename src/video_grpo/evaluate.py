@@ -85,7 +85,8 @@ def score_records(records: list[dict]) -> dict:
     metrics = _summary(ious, failures)
     metrics["by_duration"] = {
         (f"{low:g}-{high:g}s" if high != float("inf") else f">={low:g}s"): _summary(b_ious, b_fail[0])
-        for (low, high), (b_ious, b_fail) in buckets.items() if b_ious
+        for (low, high), (b_ious, b_fail) in buckets.items()
+        if b_ious
     }
     return metrics
 
@@ -104,7 +105,9 @@ def read_predictions(path: str | Path) -> list[dict]:
                 continue  # a last line cut short by a kill: that query is simply redone
             missing = [k for k in ("output", "solution", "duration") if k not in record]
             if missing:
-                raise ValueError(f"{path}:{line_no}: missing {missing}; each line needs output, solution, duration")
+                raise ValueError(
+                    f"{path}:{line_no}: missing {missing}; each line needs output, solution, duration"
+                )
             records.append(record)
     return records
 
@@ -113,8 +116,15 @@ def read_predictions(path: str | Path) -> list[dict]:
 
 
 @torch.no_grad()
-def generate_answers(model, processor, rows: list[dict], max_new_tokens: int = 256, do_sample: bool = False,
-                     temperature: float = 1.0, shared_prefill: bool = True) -> list[str]:
+def generate_answers(
+    model,
+    processor,
+    rows: list[dict],
+    max_new_tokens: int = 256,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    shared_prefill: bool = True,
+) -> list[str]:
     """Answers for a batch of dataset rows, through the same processing as training.
 
     ``shared_prefill``: rows that repeat a query (k samples per query) prefill its prompt once
@@ -123,8 +133,13 @@ def generate_answers(model, processor, rows: list[dict], max_new_tokens: int = 2
     tokenizer = processor.tokenizer
     encoded = encode_rows(processor, rows, detect_family(config))
     inputs = generation_inputs(encoded, tokenizer.pad_token_id, config.video_token_id, device=model.device)
-    kwargs = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "pad_token_id": tokenizer.pad_token_id,
-              "eos_token_id": tokenizer.eos_token_id, "suppress_tokens": vision_placeholder_ids(config)}
+    kwargs = {
+        "max_new_tokens": max_new_tokens,
+        "do_sample": do_sample,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "suppress_tokens": vision_placeholder_ids(config),
+    }
     if do_sample:
         kwargs["temperature"] = temperature
     else:
@@ -133,15 +148,22 @@ def generate_answers(model, processor, rows: list[dict], max_new_tokens: int = 2
         output = prefill.generate(model, **inputs, **kwargs)
     else:
         output = model.generate(**inputs, **kwargs)
-    return processor.batch_decode(output[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    return processor.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 def prediction_record(row: dict, output: str | None, error: str | None = None) -> dict:
     span = parse_prediction(output)
     solution = row.get("solution_raw") or row["solution"]
-    record = {"id": row["id"], "video": row["video"], "sentence": row["sentence"], "duration": row["duration"],
-              "solution": solution, "output": output, "span": list(span) if span else None,
-              "iou": query_iou(span, solution)}
+    record = {
+        "id": row["id"],
+        "video": row["video"],
+        "sentence": row["sentence"],
+        "duration": row["duration"],
+        "solution": solution,
+        "output": output,
+        "span": list(span) if span else None,
+        "iou": query_iou(span, solution),
+    }
     if error:
         record["error"] = error
     return record
@@ -155,8 +177,9 @@ def sample_key(record: dict) -> tuple[str, int]:
     return record["id"], int(record.get("sample", 0))
 
 
-def load_split(config: str, family, split: str = "eval", annotations: str | None = None,
-               max_samples: int | None = None):
+def load_split(
+    config: str, family, split: str = "eval", annotations: str | None = None, max_samples: int | None = None
+):
     """``(dataset, ids)`` for a recipe's eval/train file or another annotation file, its frames sampled for the
     model ``family``. Reading the ids decodes nothing."""
     from video_grpo.configs import script_args_from_yaml
@@ -166,13 +189,22 @@ def load_split(config: str, family, split: str = "eval", annotations: str | None
     path = annotations or (script_args.eval_file if split == "eval" else script_args.train_file)
     if not path:
         raise SystemExit(f"{config} has no {split}_file; pass --annotations")
-    dataset = build_dataset(path, max_samples=max_samples, replace_bad_samples=False,
-                            **dataset_kwargs(script_args, family))
+    dataset = build_dataset(
+        path, max_samples=max_samples, replace_bad_samples=False, **dataset_kwargs(script_args, family)
+    )
     return dataset, dataset.with_format(None)["id"]  # plain column access: no video decoding
 
 
-def generate_parts(args: argparse.Namespace, dataset, ids: list[str], out_dir: Path, state, prefix: str = "predictions",
-                   num_samples: int = 1, desc: str = "evaluating") -> None:
+def generate_parts(
+    args: argparse.Namespace,
+    dataset,
+    ids: list[str],
+    out_dir: Path,
+    state,
+    prefix: str = "predictions",
+    num_samples: int = 1,
+    desc: str = "evaluating",
+) -> None:
     """Answer each (query, sample) that no ``out_dir/<prefix>*.jsonl`` holds yet, appending one line per answer
     to ``<prefix>.rank<R>.jsonl`` as it is made; the work is split over the processes of ``state``.
 
@@ -192,10 +224,18 @@ def generate_parts(args: argparse.Namespace, dataset, ids: list[str], out_dir: P
 
     processor = AutoProcessor.from_pretrained(args.model_name_or_path)
     dtype = getattr(torch, args.dtype) if args.dtype != "auto" else "auto"
-    model = AutoModelForImageTextToText.from_pretrained(args.model_name_or_path, dtype=dtype).to(state.device).eval()
+    model = (
+        AutoModelForImageTextToText.from_pretrained(args.model_name_or_path, dtype=dtype)
+        .to(state.device)
+        .eval()
+    )
     unit = "answer" if num_samples > 1 else "query"
-    progress = tqdm(total=len(todo), desc=f"{desc} ({len(done)} done before)", unit=unit,
-                    disable=not state.is_main_process)
+    progress = tqdm(
+        total=len(todo),
+        desc=f"{desc} ({len(done)} done before)",
+        unit=unit,
+        disable=not state.is_main_process,
+    )
     with open(out_dir / f"{prefix}.rank{state.process_index}.jsonl", "a", encoding="utf-8") as part:
         for start in range(0, len(todo), args.batch_size):
             items = todo[start : start + args.batch_size]
@@ -203,10 +243,19 @@ def generate_parts(args: argparse.Namespace, dataset, ids: list[str], out_dir: P
             try:
                 fetched = dict(zip(unique, dataset.__getitems__(unique), strict=True))
                 rows = [fetched[i] for i, _ in items]
-                outputs = generate_answers(model, processor, rows, args.max_new_tokens, args.do_sample, args.temperature,
-                                           getattr(args, "shared_prefill", True))
+                outputs = generate_answers(
+                    model,
+                    processor,
+                    rows,
+                    args.max_new_tokens,
+                    args.do_sample,
+                    args.temperature,
+                    getattr(args, "shared_prefill", True),
+                )
                 records = [prediction_record(row, output) for row, output in zip(rows, outputs, strict=True)]
-            except VideoReadError as err:  # one bad video must not end the run: it scores 0, in the denominator
+            except (
+                VideoReadError
+            ) as err:  # one bad video must not end the run: it scores 0, in the denominator
                 plain = dict(zip(unique, dataset.select(unique).with_format(None), strict=True))
                 records = [prediction_record(plain[i], None, error=str(err)) for i, _ in items]
             for (_, sample), record in zip(items, records, strict=True):
@@ -218,13 +267,17 @@ def generate_parts(args: argparse.Namespace, dataset, ids: list[str], out_dir: P
     progress.close()
 
 
-def merge_parts(out_dir: Path, ids: list[str], prefix: str = "predictions", num_samples: int = 1) -> list[dict]:
+def merge_parts(
+    out_dir: Path, ids: list[str], prefix: str = "predictions", num_samples: int = 1
+) -> list[dict]:
     """Join the part files into ``<prefix>.jsonl`` (in query order, then sample order) and delete the parts."""
     merged = {}
     for path in sorted(out_dir.glob(f"{prefix}*.jsonl")):
         for record in read_predictions(path):
             merged.setdefault(sample_key(record), record)
-    ordered = [merged[(query_id, j)] for query_id in ids for j in range(num_samples) if (query_id, j) in merged]
+    ordered = [
+        merged[(query_id, j)] for query_id in ids for j in range(num_samples) if (query_id, j) in merged
+    ]
     tmp = out_dir / f"{prefix}.jsonl.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in ordered)
@@ -238,8 +291,9 @@ def run_main(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
     state = PartialState()
-    dataset, ids = load_split(args.config, family_of_model(args.model_name_or_path), args.split, args.annotations,
-                              args.max_samples)
+    dataset, ids = load_split(
+        args.config, family_of_model(args.model_name_or_path), args.split, args.annotations, args.max_samples
+    )
     out_dir = Path(args.output_dir)
     generate_parts(args, dataset, ids, out_dir, state)
     state.wait_for_everyone()
@@ -261,8 +315,11 @@ def score_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m video_grpo.evaluate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m video_grpo.evaluate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="generate answers for a split and score them")
     run.add_argument("--model_name_or_path", required=True)
@@ -275,8 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--max_new_tokens", type=int, default=256)
     run.add_argument("--do_sample", action="store_true", help="sample instead of greedy decoding")
     run.add_argument("--temperature", type=float, default=1.0)
-    run.add_argument("--shared_prefill", type=lambda v: v.lower() in ("1", "true", "yes"), default=True,
-                     help="prefill a query's prompt once for its k sampled answers (true/false; exact)")
+    run.add_argument(
+        "--shared_prefill",
+        type=lambda v: v.lower() in ("1", "true", "yes"),
+        default=True,
+        help="prefill a query's prompt once for its k sampled answers (true/false; exact)",
+    )
     run.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     score = sub.add_parser("score", help="recompute metrics from a predictions file (no model)")
     score.add_argument("--predictions", required=True)

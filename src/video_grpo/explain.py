@@ -1,6 +1,6 @@
 """Print worked GRPO examples, computed by :mod:`video_grpo.grpo_math` (the trainer's own formulas).
 
-    python -m video_grpo.explain
+python -m video_grpo.explain
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ def example_a() -> list[str]:
     rewards = torch.tensor([0.6, 0.9, 0.1, 0.4])
     ratios = torch.tensor([1.3, 1.1, 0.8, 1.2])
     eps, beta = 0.2, 0.01
-    lines = ["(a) One group of 4 answers, eps = 0.2, beta = 0.01.",
-             f"    rewards {[round(r, 4) for r in rewards.tolist()]}, ratios pi_theta/pi_old "
-             f"{[round(r, 4) for r in ratios.tolist()]}",
-             f"    mean reward = {rewards.mean():.4f}",
-             "    Advantages without std scaling (scale_rewards='none'): A_i = r_i - mean"]
+    lines = [
+        "(a) One group of 4 answers, eps = 0.2, beta = 0.01.",
+        f"    rewards {[round(r, 4) for r in rewards.tolist()]}, ratios pi_theta/pi_old "
+        f"{[round(r, 4) for r in ratios.tolist()]}",
+        f"    mean reward = {rewards.mean():.4f}",
+        "    Advantages without std scaling (scale_rewards='none'): A_i = r_i - mean",
+    ]
     adv = group_advantages(rewards, 4, scale=False)
     lines.append(f"    A = {_fmt(adv)}")
     clipped = clip_ratio(ratios, eps)
@@ -51,13 +53,17 @@ def example_a() -> list[str]:
             f"objective = {surrogate:+.4f} - {beta}*{kl[i]:.4f} = {objective[-1]:+.4f}"
         )
     batch = sum(objective) / 4
-    corrected = sum(min(ratios[i] * adv[i], clipped[i] * adv[i]) - beta * ratios[i] * kl[i] for i in range(4)) / 4
-    lines += [f"    batch objective = mean = {batch:+.4f}   (loss = {-batch:+.4f})",
-              "    TRL 1.16 by default (use_bias_correction_kl=True) weights each KL term by rho: "
-              f"batch objective = {corrected:+.4f}",
-              "    The KL estimator x - ln x - 1 (x = pi_ref/pi_theta) is >= 0 for every x > 0: it is 0 only at x = 1.",
-              "    With scale_rewards='group' (TRL's default) the same steps apply to A_i / (std + 1e-4):",
-              f"    A = {_fmt(group_advantages(rewards, 4))}"]
+    corrected = (
+        sum(min(ratios[i] * adv[i], clipped[i] * adv[i]) - beta * ratios[i] * kl[i] for i in range(4)) / 4
+    )
+    lines += [
+        f"    batch objective = mean = {batch:+.4f}   (loss = {-batch:+.4f})",
+        "    TRL 1.16 by default (use_bias_correction_kl=True) weights each KL term by rho: "
+        f"batch objective = {corrected:+.4f}",
+        "    The KL estimator x - ln x - 1 (x = pi_ref/pi_theta) is >= 0 for every x > 0: it is 0 only at x = 1.",
+        "    With scale_rewards='group' (TRL's default) the same steps apply to A_i / (std + 1e-4):",
+        f"    A = {_fmt(group_advantages(rewards, 4))}",
+    ]
     return lines
 
 
@@ -66,13 +72,17 @@ def example_b() -> list[str]:
     mean = rewards.mean().item()
     deviations = rewards - mean
     ss = float((deviations**2).sum())
-    lines = ["(b) Advantages for rewards [0.0, 1.6, 5.4, 8.8] under both std conventions.",
-             f"    mean = {mean:.4f}; deviations = {_fmt(deviations)}; sum of squares = {ss:.4f}"]
+    lines = [
+        "(b) Advantages for rewards [0.0, 1.6, 5.4, 8.8] under both std conventions.",
+        f"    mean = {mean:.4f}; deviations = {_fmt(deviations)}; sum of squares = {ss:.4f}",
+    ]
     for name, divisor in (("unbiased", 3), ("population", 4)):
         std = math.sqrt(ss / divisor)
         adv = group_advantages(rewards, 4, std=name)
-        lines.append(f"    {name:>10} std = sqrt({ss:.4f}/{divisor}) = {std:.4f}; A = dev/(std+1e-4) = {_fmt(adv)}"
-                     + ("   <- TRL" if name == "unbiased" else ""))
+        lines.append(
+            f"    {name:>10} std = sqrt({ss:.4f}/{divisor}) = {std:.4f}; A = dev/(std+1e-4) = {_fmt(adv)}"
+            + ("   <- TRL" if name == "unbiased" else "")
+        )
     return lines
 
 
@@ -80,15 +90,21 @@ def example_c() -> list[str]:
     ratios = torch.tensor([0.85, 0.90, 1.15, 1.25])
     eps = 0.2
     clipped = clip_ratio(ratios, eps)
-    lines = ["(c) Clipping with eps = 0.2 (range [0.8, 1.2]); objective min(rho*A, clip(rho)*A):",
-             "     rho   clip(rho)   A=+1: objective (grad?)   A=-1: objective (grad?)"]
+    lines = [
+        "(c) Clipping with eps = 0.2 (range [0.8, 1.2]); objective min(rho*A, clip(rho)*A):",
+        "     rho   clip(rho)   A=+1: objective (grad?)   A=-1: objective (grad?)",
+    ]
     for r, c in zip(ratios.tolist(), clipped.tolist(), strict=True):
         pos = min(r, c)
         neg = min(-r, -c)
         pos_grad = "yes" if pos == r else "no, clipped"
         neg_grad = "yes" if neg == -r else "no, clipped"
-        lines.append(f"    {r:.2f}     {c:.2f}      {pos:+.2f} ({pos_grad:<11})        {neg:+.2f} ({neg_grad})")
-    lines.append("    Only ratio 1.25 with A > 0 is clipped: the update already moved that answer up by more than eps.")
+        lines.append(
+            f"    {r:.2f}     {c:.2f}      {pos:+.2f} ({pos_grad:<11})        {neg:+.2f} ({neg_grad})"
+        )
+    lines.append(
+        "    Only ratio 1.25 with A > 0 is clipped: the update already moved that answer up by more than eps."
+    )
     return lines
 
 
@@ -99,19 +115,25 @@ def example_d() -> list[str]:
     plain = shaped_advantages(rewards, 4, guided, method="none")
     shaped = tempsamp_shape(rewards)
     tempsamp = shaped_advantages(rewards, 4, guided, method="tempsamp")
-    lines = ["(d) One guided group (TempSamp-R1, arXiv 2509.18056): 3 sampled answers and the annotated span written",
-             "    as the 4th answer. Rewards are IoU: sampled [0.30, 0.50, 0.55], guided 1.00.",
-             f"    Plain GRPO (Eq. 2): mean = {rewards.mean():.4f}; A = {_fmt(plain)}",
-             "    The guided answer lifts the mean above every sampled reward: all three sampled answers are pushed down.",
-             f"    Shaped first (Eq. 4, tau = {tau}, alpha1 = {a1}, alpha2 = {a2:g}):"]
+    lines = [
+        "(d) One guided group (TempSamp-R1, arXiv 2509.18056): 3 sampled answers and the annotated span written",
+        "    as the 4th answer. Rewards are IoU: sampled [0.30, 0.50, 0.55], guided 1.00.",
+        f"    Plain GRPO (Eq. 2): mean = {rewards.mean():.4f}; A = {_fmt(plain)}",
+        "    The guided answer lifts the mean above every sampled reward: all three sampled answers are pushed down.",
+        f"    Shaped first (Eq. 4, tau = {tau}, alpha1 = {a1}, alpha2 = {a2:g}):",
+    ]
     for r, value in zip(rewards.tolist(), shaped.tolist(), strict=True):
         if r >= tau:
             lines.append(f"      r = {r:.2f} >= tau: {tau} + {a1}*ln({r:.2f} - {tau} + 1) = {value:.4f}")
         else:
-            lines.append(f"      r = {r:.2f} <  tau: {tau} - (e^({a2:g}*({tau} - {r:.2f})) - 1)/(e^{a2:g} - 1) = "
-                         f"{tau} - {math.expm1(a2 * (tau - r)):.4f}/{math.expm1(a2):.4f} = {value:.4f}")
-    lines += [f"    mean = {shaped.mean():.4f}; A = {_fmt(tempsamp)}",
-              "    The best sampled answer (0.55) now has a positive advantage; the guided answer still leads the group."]
+            lines.append(
+                f"      r = {r:.2f} <  tau: {tau} - (e^({a2:g}*({tau} - {r:.2f})) - 1)/(e^{a2:g} - 1) = "
+                f"{tau} - {math.expm1(a2 * (tau - r)):.4f}/{math.expm1(a2):.4f} = {value:.4f}"
+            )
+    lines += [
+        f"    mean = {shaped.mean():.4f}; A = {_fmt(tempsamp)}",
+        "    The best sampled answer (0.55) now has a positive advantage; the guided answer still leads the group.",
+    ]
     return lines
 
 

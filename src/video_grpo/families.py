@@ -98,20 +98,27 @@ def detect_family(config) -> ModelFamily:
     for family in FAMILIES.values():
         if model_type in family.model_types:
             return family
-    raise ValueError(f"unsupported model type {model_type!r}: video_grpo supports {', '.join(supported_model_types())}. "
-                     "Point model_name_or_path at a Qwen2.5-VL, Qwen3-VL or Qwen3.5 checkpoint.")
+    raise ValueError(
+        f"unsupported model type {model_type!r}: video_grpo supports {', '.join(supported_model_types())}. "
+        "Point model_name_or_path at a Qwen2.5-VL, Qwen3-VL or Qwen3.5 checkpoint."
+    )
 
 
-def family_of_model(model_name_or_path: str, revision: str | None = None,
-                    trust_remote_code: bool = False) -> ModelFamily:
+def family_of_model(
+    model_name_or_path: str, revision: str | None = None, trust_remote_code: bool = False
+) -> ModelFamily:
     """Read only the model's config.json (no weights) and return its family; fails before any weights load."""
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(model_name_or_path, revision=revision, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(
+            model_name_or_path, revision=revision, trust_remote_code=trust_remote_code
+        )
     except (OSError, ValueError) as err:
-        raise ValueError(f"model_name_or_path: cannot read the model config of {model_name_or_path!r} ({err}). "
-                         "It is needed to know the model family (frame size, time encoding).") from err
+        raise ValueError(
+            f"model_name_or_path: cannot read the model config of {model_name_or_path!r} ({err}). "
+            "It is needed to know the model family (frame size, time encoding)."
+        ) from err
     return detect_family(config)
 
 
@@ -127,8 +134,10 @@ def family_of_recipe(recipe: str, override: str | None = None) -> ModelFamily:
     with open(recipe) as f:
         model = (yaml.safe_load(f) or {}).get("model_name_or_path")
     if not model:
-        raise ValueError(f"{recipe}: no model_name_or_path, so the model family is unknown; pass --model_family "
-                         f"({', '.join(sorted(FAMILIES))}).")
+        raise ValueError(
+            f"{recipe}: no model_name_or_path, so the model family is unknown; pass --model_family "
+            f"({', '.join(sorted(FAMILIES))})."
+        )
     try:
         return family_of_model(model)
     except ValueError as err:

@@ -40,11 +40,15 @@ from video_grpo.video import SampledVideo, SamplingConfig, read_video
 logger = logging.getLogger(__name__)
 # torchvision 0.29 warns on every decode_jpeg call that its codecs are deprecated (in favour of TorchCodec, not
 # installed here); the version is pinned, so the warning says nothing a user can act on.
-warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision are deprecated")
+warnings.filterwarnings(
+    "ignore", message="The image decoding and encoding capabilities of TorchVision are deprecated"
+)
 
 CACHE_FORMATS = ("jpeg", "raw")
 DEFAULT_CACHE_FORMAT = "jpeg"
-JPEG_QUALITY = 90  # 40 dB PSNR and 1/12 of raw on the benchmark clip; 95 gives 45 dB at 1/9, 80 gives 36 dB at 1/16
+JPEG_QUALITY = (
+    90  # 40 dB PSNR and 1/12 of raw on the benchmark clip; 95 gives 45 dB at 1/9, 80 gives 36 dB at 1/16
+)
 CACHE_FORMAT_VERSION = 2  # 2: frames chosen by timestamp, metadata has "timestamps"
 SUFFIXES = {"raw": ".safetensors", "jpeg": ".jpeg.safetensors"}
 
@@ -52,8 +56,10 @@ SUFFIXES = {"raw": ".safetensors", "jpeg": ".jpeg.safetensors"}
 def check_format(fmt: str) -> str:
     """``fmt`` if it is a cache format, else a ValueError naming the choices."""
     if fmt not in CACHE_FORMATS:
-        raise ValueError(f"frame_cache_format: unknown format {fmt!r}; choose one of {list(CACHE_FORMATS)} "
-                         "(jpeg: about 1/12 the size, ~40 dB PSNR; raw: exact frames).")
+        raise ValueError(
+            f"frame_cache_format: unknown format {fmt!r}; choose one of {list(CACHE_FORMATS)} "
+            "(jpeg: about 1/12 the size, ~40 dB PSNR; raw: exact frames)."
+        )
     return fmt
 
 
@@ -62,14 +68,21 @@ def cache_key(path: str, cfg: SamplingConfig, fmt: str = DEFAULT_CACHE_FORMAT) -
 
     ``raw`` hashes exactly what earlier versions hashed, so their entries are still found."""
     stat = os.stat(path)
-    identity = {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                "sampling": asdict(cfg), "version": CACHE_FORMAT_VERSION}
+    identity = {
+        "path": os.path.abspath(path),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "sampling": asdict(cfg),
+        "version": CACHE_FORMAT_VERSION,
+    }
     if check_format(fmt) != "raw":
         identity["format"] = fmt
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
-def cache_path(cache_dir: str | Path, path: str, cfg: SamplingConfig, fmt: str = DEFAULT_CACHE_FORMAT) -> Path:
+def cache_path(
+    cache_dir: str | Path, path: str, cfg: SamplingConfig, fmt: str = DEFAULT_CACHE_FORMAT
+) -> Path:
     key = cache_key(path, cfg, fmt)
     return Path(cache_dir) / key[:2] / f"{key}{SUFFIXES[fmt]}"
 
@@ -99,7 +112,10 @@ def decode_frames(data: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     from torchvision.io import ImageReadMode, decode_jpeg
 
     bounds = offsets.tolist()
-    decoded = [decode_jpeg(data[a:b], mode=ImageReadMode.RGB).numpy() for a, b in zip(bounds, bounds[1:], strict=False)]
+    decoded = [
+        decode_jpeg(data[a:b], mode=ImageReadMode.RGB).numpy()
+        for a, b in zip(bounds, bounds[1:], strict=False)
+    ]
     # numpy's single-threaded copy: torch.stack's thread pool took 10-300 ms for these 16 MB on a busy 2-core machine
     return torch.from_numpy(np.stack(decoded))
 
@@ -122,8 +138,14 @@ def entry_size(video: SampledVideo, fmt: str, quality: int = JPEG_QUALITY) -> in
     return len(save(*entry_tensors(video, fmt, quality)))
 
 
-def write_cache(cache_dir: str | Path, path: str, cfg: SamplingConfig, video: SampledVideo,
-                fmt: str = DEFAULT_CACHE_FORMAT, quality: int = JPEG_QUALITY) -> Path:
+def write_cache(
+    cache_dir: str | Path,
+    path: str,
+    cfg: SamplingConfig,
+    video: SampledVideo,
+    fmt: str = DEFAULT_CACHE_FORMAT,
+    quality: int = JPEG_QUALITY,
+) -> Path:
     """Store sampled frames atomically: a killed writer leaves a temp file, never a half entry."""
     from safetensors.torch import save_file
 
@@ -149,12 +171,15 @@ def read_entry(entry: str | Path) -> SampledVideo:
         header = f.metadata()
         metadata = json.loads(header["video_metadata"])
         if header.get("format", "raw") == "jpeg":
-            return SampledVideo(frames=decode_frames(f.get_tensor("jpeg"), f.get_tensor("offsets")), metadata=metadata)
+            return SampledVideo(
+                frames=decode_frames(f.get_tensor("jpeg"), f.get_tensor("offsets")), metadata=metadata
+            )
         return SampledVideo(frames=f.get_tensor("frames"), metadata=metadata)
 
 
-def read_cached(cache_dir: str | Path, path: str, cfg: SamplingConfig,
-                fmt: str = DEFAULT_CACHE_FORMAT) -> SampledVideo | None:
+def read_cached(
+    cache_dir: str | Path, path: str, cfg: SamplingConfig, fmt: str = DEFAULT_CACHE_FORMAT
+) -> SampledVideo | None:
     """The cached sample for this file and sampling, or None. A ``jpeg`` reader also takes a ``raw`` entry.
 
     An unreadable entry (truncated by a full disk, say) is logged and skipped: the video is decoded instead."""
@@ -168,13 +193,19 @@ def read_cached(cache_dir: str | Path, path: str, cfg: SamplingConfig,
         try:
             return read_entry(target)
         except Exception as err:  # safetensors and libjpeg raise assorted errors on damaged files
-            logger.warning(f"frame cache entry {target} for {path} is unreadable ({type(err).__name__}: {err}); "
-                           "decoding the video instead. Delete the entry and rerun preprocess to rewrite it.")
+            logger.warning(
+                f"frame cache entry {target} for {path} is unreadable ({type(err).__name__}: {err}); "
+                "decoding the video instead. Delete the entry and rerun preprocess to rewrite it."
+            )
     return None
 
 
-def load_video(path: str, cfg: SamplingConfig, cache_dir: str | Path | None = None,
-               cache_format: str = DEFAULT_CACHE_FORMAT) -> SampledVideo:
+def load_video(
+    path: str,
+    cfg: SamplingConfig,
+    cache_dir: str | Path | None = None,
+    cache_format: str = DEFAULT_CACHE_FORMAT,
+) -> SampledVideo:
     """Frames from the cache when present, else decoded."""
     if cache_dir:
         cached = read_cached(cache_dir, path, cfg, cache_format)

@@ -52,8 +52,10 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
     trainer = build_trainer(script_args, training_args, model_args)
     state = trainer.accelerator.state
     zero_stage = state.deepspeed_plugin.zero_stage if state.deepspeed_plugin is not None else None
-    logger.info(f"distributed_type={state.distributed_type.value} num_processes={state.num_processes} "
-                f"zero_stage={zero_stage} device={state.device}")
+    logger.info(
+        f"distributed_type={state.distributed_type.value} num_processes={state.num_processes} "
+        f"zero_stage={zero_stage} device={state.device}"
+    )
     train_result = trainer.train(resume_from_checkpoint=checkpoint)
     metrics = train_result.metrics
     metrics["train_samples"] = len(trainer.train_dataset)
@@ -68,8 +70,9 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
     logger.info(f"Model saved to {training_args.output_dir}")
 
 
-def build_trainer(script_args: GRPOScriptArguments, training_args: GRPOConfig,
-                  model_args: ModelConfig) -> VideoGRPOTrainer:
+def build_trainer(
+    script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args: ModelConfig
+) -> VideoGRPOTrainer:
     """Rewards, datasets, processor and trainer (which loads the model) from the three parsed dataclasses.
     Call :func:`validate_recipe` first: it fails in seconds on what this would fail on after loading."""
     # Rewards (resolved before the model loads, so a bad name fails fast)
@@ -77,7 +80,9 @@ def build_trainer(script_args: GRPOScriptArguments, training_args: GRPOConfig,
 
     # Data: rows decode their video lazily, in DataLoader workers when dataloader_num_workers > 0, with the frame
     # size of the model's family (read from its config.json; an unsupported model type fails here)
-    family = family_of_model(model_args.model_name_or_path, model_args.model_revision, training_args.trust_remote_code)
+    family = family_of_model(
+        model_args.model_name_or_path, model_args.model_revision, training_args.trust_remote_code
+    )
     train_dataset, eval_dataset = build_datasets(script_args, family)
 
     # Model and processor. TRL loads the model from its path with these kwargs (and the reference model, if beta > 0).

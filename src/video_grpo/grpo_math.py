@@ -110,7 +110,10 @@ TEMPSAMP_TAU, TEMPSAMP_ALPHA1, TEMPSAMP_ALPHA2 = 0.8, 0.01, 1.0
 
 
 def tempsamp_shape(
-    rewards: torch.Tensor, tau: float = TEMPSAMP_TAU, alpha1: float = TEMPSAMP_ALPHA1, alpha2: float = TEMPSAMP_ALPHA2
+    rewards: torch.Tensor,
+    tau: float = TEMPSAMP_TAU,
+    alpha1: float = TEMPSAMP_ALPHA1,
+    alpha2: float = TEMPSAMP_ALPHA2,
 ) -> torch.Tensor:
     """TempSamp-R1's non-linear reward shaping, Eq. (4) of arXiv 2509.18056, elementwise:
 
@@ -187,8 +190,10 @@ def shaped_advantages(
         raise ValueError(f"group_size {group_size} does not divide the {rewards.numel()} rewards")
     if guided_mask is not None:
         if guided_mask.shape != rewards.shape or guided_mask.dtype != torch.bool:
-            raise ValueError(f"guided_mask must be a bool tensor of shape {tuple(rewards.shape)}, got "
-                             f"{guided_mask.dtype} {tuple(guided_mask.shape)}")
+            raise ValueError(
+                f"guided_mask must be a bool tensor of shape {tuple(rewards.shape)}, got "
+                f"{guided_mask.dtype} {tuple(guided_mask.shape)}"
+            )
         per_group = guided_mask.view(-1, group_size).sum(dim=1)
         if (per_group > 1).any():
             bad = int(torch.nonzero(per_group > 1)[0])
@@ -211,5 +216,7 @@ def _nanstd(values: torch.Tensor, dim: int | None = None, keepdim: bool = False)
     mean = torch.nanmean(values, dim=dim, keepdim=True)
     squares = torch.nanmean((values - mean) ** 2, dim=dim, keepdim=keepdim)
     count = (~torch.isnan(values)).sum(dim=dim, keepdim=keepdim)
-    correction = torch.where(count > 1, count / (count - 1).clamp(min=1), torch.full_like(squares, float("nan")))
+    correction = torch.where(
+        count > 1, count / (count - 1).clamp(min=1), torch.full_like(squares, float("nan"))
+    )
     return (squares * correction).sqrt()

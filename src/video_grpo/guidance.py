@@ -27,8 +27,9 @@ def guided_mask(process_index: int, local_rows: int, group_size: int) -> list[bo
     return [(start + i) % group_size == group_size - 1 for i in range(local_rows)]
 
 
-def guided_completion_ids(tokenizer, row: dict, template: str, eos_token_id: int,
-                          decimals: int = ANSWER_DECIMALS) -> list[int]:
+def guided_completion_ids(
+    tokenizer, row: dict, template: str, eos_token_id: int, decimals: int = ANSWER_DECIMALS
+) -> list[int]:
     """The guided answer's tokens: the row's annotated span in ``template``, then end-of-turn, as a sampled answer
     would end. The span has ``decimals`` places, by default ``ANSWER_DECIMALS``, the cold start's precision: the
     guided answer is then one the policy could have sampled, not a digit pattern it never writes."""
@@ -37,9 +38,16 @@ def guided_completion_ids(tokenizer, row: dict, template: str, eos_token_id: int
     return tokenizer(text, add_special_tokens=False)["input_ids"] + [eos_token_id]
 
 
-def group_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, group_size: int, guided: torch.Tensor,
-                     shaping: str, scale: str, tau: float = TEMPSAMP_TAU, miss_below: float | None = None
-                     ) -> torch.Tensor:
+def group_advantages(
+    rewards_per_func: torch.Tensor,
+    weights: torch.Tensor,
+    group_size: int,
+    guided: torch.Tensor,
+    shaping: str,
+    scale: str,
+    tau: float = TEMPSAMP_TAU,
+    miss_below: float | None = None,
+) -> torch.Tensor:
     """(B,) advantages for the gathered batch: TRL's ``sum_then_normalize`` with the accuracy reward (column 0)
     reshaped by Eq. 4 (threshold ``tau``) when ``shaping`` is ``"tempsamp"``. An answer no reward function could
     score gets 0.

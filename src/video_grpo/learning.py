@@ -64,13 +64,16 @@ def series(history: list[dict], key: str) -> list[float]:
     return [float(e[key]) for e in history if key in e]
 
 
-def curated_subset(model_dir: Path, train, ids: list[str], samples: int, band: tuple[float, float]) -> list[int]:
+def curated_subset(
+    model_dir: Path, train, ids: list[str], samples: int, band: tuple[float, float]
+) -> list[int]:
     """``video_grpo.curate``'s rule on the starting model: sample it ``samples`` times per training query and keep
     the queries whose mean IoU is inside ``band``."""
     from video_grpo.curate import assign_status, query_stats
 
-    records = runs.answers(model_dir, train, do_sample=True, temperature=runs.GRPO_SETTINGS["temperature"],
-                           repeats=samples)
+    records = runs.answers(
+        model_dir, train, do_sample=True, temperature=runs.GRPO_SETTINGS["temperature"], repeats=samples
+    )
     queries: dict[str, dict] = {}
     for record in records:
         queries.setdefault(record["id"], {"id": record["id"], "solution": record["solution"], "outputs": []})
@@ -92,7 +95,9 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> d
     train_records = make_flash_split(data, "train", budget.train, seed=10, task=budget.task)
     test_records = make_flash_split(data, "test", budget.test, seed=11, task=budget.task)
     fixed = best_fixed_span(train_records)
-    fixed_miou = 100 * sum(temporal_iou(fixed, tuple(r["solution"])) for r in test_records) / len(test_records)
+    fixed_miou = (
+        100 * sum(temporal_iou(fixed, tuple(r["solution"])) for r in test_records) / len(test_records)
+    )
 
     def dataset(name: str):
         return build_dataset(data / f"{name}.jsonl", sampling=runs.SAMPLING, prompt_template=runs.PROMPT)
@@ -109,13 +114,31 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> d
         blank = runs.test_metrics(work / "ours", runs.with_transform(test, runs.BlankFrames))
         plain = runs.grpo(start, train, work / "plain", steps, plain=True)
         plain_after = runs.test_metrics(work / "plain", test)
-        guided = runs.grpo(start, train, work / "guided", budget.guided_steps, save=False, gt_guidance=True,
-                           advantage_shaping="tempsamp", answer_template=runs.ANSWER_TEMPLATE) if budget.guided_steps else []
+        guided = (
+            runs.grpo(
+                start,
+                train,
+                work / "guided",
+                budget.guided_steps,
+                save=False,
+                gt_guidance=True,
+                advantage_shaping="tempsamp",
+                answer_template=runs.ANSWER_TEMPLATE,
+            )
+            if budget.guided_steps
+            else []
+        )
         if budget.curation_steps:
             ids = [r["id"] for r in train_records]
             kept = curated_subset(start, train, ids, budget.curation_samples, band=(0.05, 0.95))
             spread = {"curated": [], "whole": []}
-            runs.grpo(start, train.select(kept), work / "curated", budget.curation_steps, group_stds=spread["curated"])
+            runs.grpo(
+                start,
+                train.select(kept),
+                work / "curated",
+                budget.curation_steps,
+                group_stds=spread["curated"],
+            )
             runs.grpo(start, train, work / "whole", budget.curation_steps, group_stds=spread["whole"])
             curation_test = {name: runs.test_metrics(work / name, test)["mIoU"] for name in spread}
 
@@ -124,43 +147,97 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> d
     ours_gain, plain_gain = after["mIoU"] - before["mIoU"], plain_after["mIoU"] - before["mIoU"]
     queries = {"queries": len(test_records), "spans": "slots" if budget.task.slots else "continuous"}
     results = {
-        "uses_video": emit("uses_video", after["mIoU"], blank["mIoU"],
-                           "test mIoU % of the GRPO model, real frames vs every frame blacked out",
-                           start_miou=round(before["mIoU"], 3), start_blank_miou=round(before_blank["mIoU"], 3),
-                           goal="ratio >= 2", **queries),
-        "vs_plain_trl": emit("vs_plain_trl", ours_gain, max(plain_gain, 1.0),
-                             "test-mIoU gain (points) from the same start, VideoGRPOTrainer vs max(TRL GRPOTrainer, 1)",
-                             plain_gain=round(plain_gain, 3), start_miou=round(before["mIoU"], 3),
-                             plain_miou=round(plain_after["mIoU"], 3), steps=steps, goal="ratio >= 2"),
-        "learning_iou": emit("learning_iou", last, first, "mean IoU reward (last 20% vs first 20% of GRPO steps)",
-                             steps=len(ious), goal="ratio >= 2"),
-        "test_iou": emit("test_iou_before_after", after["mIoU"], before["mIoU"], "test mIoU % (after vs before GRPO)",
-                         r1_05_after=round(after["R1@0.5"], 3), r1_05_before=round(before["R1@0.5"], 3),
-                         format_after=round(after["format"], 3), format_before=round(before["format"], 3),
-                         goal="ours > baseline", **queries),
-        "best_fixed_span": emit("best_fixed_span_miou", after["mIoU"], fixed_miou,
-                                "test mIoU %: GRPO model vs the best fixed span (chosen on train)",
-                                best_fixed_span=list(fixed), best_fixed_span_miou=round(fixed_miou, 3)),
+        "uses_video": emit(
+            "uses_video",
+            after["mIoU"],
+            blank["mIoU"],
+            "test mIoU % of the GRPO model, real frames vs every frame blacked out",
+            start_miou=round(before["mIoU"], 3),
+            start_blank_miou=round(before_blank["mIoU"], 3),
+            goal="ratio >= 2",
+            **queries,
+        ),
+        "vs_plain_trl": emit(
+            "vs_plain_trl",
+            ours_gain,
+            max(plain_gain, 1.0),
+            "test-mIoU gain (points) from the same start, VideoGRPOTrainer vs max(TRL GRPOTrainer, 1)",
+            plain_gain=round(plain_gain, 3),
+            start_miou=round(before["mIoU"], 3),
+            plain_miou=round(plain_after["mIoU"], 3),
+            steps=steps,
+            goal="ratio >= 2",
+        ),
+        "learning_iou": emit(
+            "learning_iou",
+            last,
+            first,
+            "mean IoU reward (last 20% vs first 20% of GRPO steps)",
+            steps=len(ious),
+            goal="ratio >= 2",
+        ),
+        "test_iou": emit(
+            "test_iou_before_after",
+            after["mIoU"],
+            before["mIoU"],
+            "test mIoU % (after vs before GRPO)",
+            r1_05_after=round(after["R1@0.5"], 3),
+            r1_05_before=round(before["R1@0.5"], 3),
+            format_after=round(after["format"], 3),
+            format_before=round(before["format"], 3),
+            goal="ours > baseline",
+            **queries,
+        ),
+        "best_fixed_span": emit(
+            "best_fixed_span_miou",
+            after["mIoU"],
+            fixed_miou,
+            "test mIoU %: GRPO model vs the best fixed span (chosen on train)",
+            best_fixed_span=list(fixed),
+            best_fixed_span_miou=round(fixed_miou, 3),
+        ),
     }
     if guided:
         sampled = series(guided, "guidance/sampled_accuracy_reward")
         unguided = series(ours[: len(sampled)], "rewards/iou_reward/mean")
-        results["gt_guidance"] = emit("gt_guidance_gain", fifth_means(sampled)[1], fifth_means(unguided)[1],
-                                      "mean IoU reward of sampled answers, last 20% of steps: guided+tempsamp vs "
-                                      "unguided", steps=len(sampled), goal="ratio > 1")
+        results["gt_guidance"] = emit(
+            "gt_guidance_gain",
+            fifth_means(sampled)[1],
+            fifth_means(unguided)[1],
+            "mean IoU reward of sampled answers, last 20% of steps: guided+tempsamp vs unguided",
+            steps=len(sampled),
+            goal="ratio > 1",
+        )
     if budget.curation_steps:
         mean_std = {name: sum(v) / len(v) for name, v in spread.items()}
         flat = {name: sum(x < FLAT_STD for x in v) / len(v) for name, v in spread.items()}
-        results["curation"] = emit("curation_signal", mean_std["curated"], mean_std["whole"],
-                                   "mean within-group std of the IoU reward over GRPO steps: curated vs whole "
-                                   "training set", flat_groups_curated=round(flat["curated"], 4),
-                                   flat_groups_whole=round(flat["whole"], 4), flat_below=FLAT_STD,
-                                   test_miou_curated=round(curation_test["curated"], 3),
-                                   test_miou_whole=round(curation_test["whole"], 3), kept=len(kept), of=len(train),
-                                   steps=budget.curation_steps, groups=len(spread["whole"]), goal="ratio >= 1.2")
+        results["curation"] = emit(
+            "curation_signal",
+            mean_std["curated"],
+            mean_std["whole"],
+            "mean within-group std of the IoU reward over GRPO steps: curated vs whole training set",
+            flat_groups_curated=round(flat["curated"], 4),
+            flat_groups_whole=round(flat["whole"], 4),
+            flat_below=FLAT_STD,
+            test_miou_curated=round(curation_test["curated"], 3),
+            test_miou_whole=round(curation_test["whole"], 3),
+            kept=len(kept),
+            of=len(train),
+            steps=budget.curation_steps,
+            groups=len(spread["whole"]),
+            goal="ratio >= 1.2",
+        )
     emit("learning_wall_time", time.perf_counter() - started, 15 * 60, "s (ours) vs the 15-minute budget")
-    curves = {"ours": ours, "plain": plain, "guided": guided, "before": before, "after": after, "blank": blank,
-              "plain_after": plain_after, "fixed_miou": fixed_miou}
+    curves = {
+        "ours": ours,
+        "plain": plain,
+        "guided": guided,
+        "before": before,
+        "after": after,
+        "blank": blank,
+        "plain_after": plain_after,
+        "fixed_miou": fixed_miou,
+    }
     (work / "history.json").write_text(json.dumps(curves, default=str))
     if plot_to is not None:
         plot_learning(curves, plot_to)
@@ -196,13 +273,27 @@ def guidance_variants(work: Path, emit, variants: dict[str, dict] = GUIDANCE_VAR
     results = {}
     for name, options in variants.items():
         with contextlib.redirect_stdout(sys.stderr):
-            guided = runs.grpo(start, train, work / "guided", budget.guided_steps, save=False, gt_guidance=True,
-                               advantage_shaping="tempsamp", answer_template=runs.ANSWER_TEMPLATE,
-                               guidance_options=options or None)
+            guided = runs.grpo(
+                start,
+                train,
+                work / "guided",
+                budget.guided_steps,
+                save=False,
+                gt_guidance=True,
+                advantage_shaping="tempsamp",
+                answer_template=runs.ANSWER_TEMPLATE,
+                guidance_options=options or None,
+            )
         sampled = series(guided, "guidance/sampled_accuracy_reward")
-        results[name] = emit("gt_guidance_gain", fifth_means(sampled)[1], unguided,
-                             f"mean IoU reward of sampled answers, last 20% of steps: {name} vs unguided",
-                             variant=options, steps=len(sampled), goal="ratio > 1")
+        results[name] = emit(
+            "gt_guidance_gain",
+            fifth_means(sampled)[1],
+            unguided,
+            f"mean IoU reward of sampled answers, last 20% of steps: {name} vs unguided",
+            variant=options,
+            steps=len(sampled),
+            goal="ratio > 1",
+        )
     return results
 
 
@@ -212,14 +303,22 @@ def main() -> int:
 
     import torch
 
-    parser = argparse.ArgumentParser(description="gt_guidance_gain for each TempSamp-R1 variant (about 8 minutes).")
+    parser = argparse.ArgumentParser(
+        description="gt_guidance_gain for each TempSamp-R1 variant (about 8 minutes)."
+    )
     parser.add_argument("command", choices=["guidance-variants"])
     args = parser.parse_args()
     del args
 
     def emit(name, ours, baseline, unit, **extra):
-        line = {"name": name, "ours": round(ours, 4), "baseline": round(baseline, 4),
-                "ratio": round(ours / baseline, 4) if baseline else None, "unit": unit, **extra}
+        line = {
+            "name": name,
+            "ours": round(ours, 4),
+            "baseline": round(baseline, 4),
+            "ratio": round(ours / baseline, 4) if baseline else None,
+            "unit": unit,
+            **extra,
+        }
         print(json.dumps(line), flush=True)
         return line
 

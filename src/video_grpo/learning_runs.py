@@ -19,18 +19,40 @@ from video_grpo.video import SamplingConfig
 SAMPLING = SamplingConfig(fps=2.0, min_frames=4, max_frames=32, min_pixels=784, max_pixels=784, max_tokens=64)
 MODEL_SIZE: dict = {}  # build_tiny_model's defaults (about 0.2M parameters)
 # Short prompt and answer: the tiny model copies no span from its reasoning, it writes it once.
-PROMPT = ('When does "{sentence}" happen in this {duration}-second video? Think in <think> </think>, then give '
-          '"start to end" in seconds in <answer> </answer>.')
+PROMPT = (
+    'When does "{sentence}" happen in this {duration}-second video? Think in <think> </think>, then give '
+    '"start to end" in seconds in <answer> </answer>.'
+)
 ANSWER_TEMPLATE = "<think>I look for the flash.</think><answer>{start} to {end}</answer>"
 # 8 prompts x G = 8 per step; a low temperature keeps the sampled answers close to the greedy ones tested.
-GRPO_SETTINGS = {"per_device_train_batch_size": 64, "num_generations": 8, "max_completion_length": 40,
-                 "temperature": 0.4, "learning_rate": 3e-4, "lr_scheduler_type": "constant", "beta": 0.0,
-                 "loss_type": "grpo", "bf16": False, "use_cpu": True, "gradient_checkpointing": False,
-                 "report_to": "none", "save_strategy": "no", "logging_steps": 1, "seed": 0, "disable_tqdm": True}
+GRPO_SETTINGS = {
+    "per_device_train_batch_size": 64,
+    "num_generations": 8,
+    "max_completion_length": 40,
+    "temperature": 0.4,
+    "learning_rate": 3e-4,
+    "lr_scheduler_type": "constant",
+    "beta": 0.0,
+    "loss_type": "grpo",
+    "bf16": False,
+    "use_cpu": True,
+    "gradient_checkpointing": False,
+    "report_to": "none",
+    "save_strategy": "no",
+    "logging_steps": 1,
+    "seed": 0,
+    "disable_tqdm": True,
+}
 
 
-def answers(model_dir: Path, dataset, batch_size: int = 32, do_sample: bool = False, temperature: float = 1.0,
-            repeats: int = 1) -> list[dict]:
+def answers(
+    model_dir: Path,
+    dataset,
+    batch_size: int = 32,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    repeats: int = 1,
+) -> list[dict]:
     """Greedy (or sampled, ``repeats`` per query) answers of ``model_dir`` to every query, as prediction records."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -42,8 +64,14 @@ def answers(model_dir: Path, dataset, batch_size: int = 32, do_sample: bool = Fa
     records = []
     for start in range(0, len(indices), batch_size):
         rows = dataset.__getitems__(indices[start : start + batch_size])
-        outputs = generate_answers(model, processor, rows, max_new_tokens=GRPO_SETTINGS["max_completion_length"],
-                                   do_sample=do_sample, temperature=temperature)
+        outputs = generate_answers(
+            model,
+            processor,
+            rows,
+            max_new_tokens=GRPO_SETTINGS["max_completion_length"],
+            do_sample=do_sample,
+            temperature=temperature,
+        )
         records += [prediction_record(row, out) for row, out in zip(rows, outputs, strict=True)]
     return records
 
@@ -56,8 +84,11 @@ def test_metrics(model_dir: Path, dataset) -> dict:
     records = answers(model_dir, dataset)
     metrics = score_records(records)
     formats = format_reward(completions=[r["output"] for r in records])
-    return {**{k: v for k, v in metrics.items() if k.startswith("R1@") or k == "mIoU"},
-            "format": 100.0 * sum(formats) / len(formats), "records": records}
+    return {
+        **{k: v for k, v in metrics.items() if k.startswith("R1@") or k == "mIoU"},
+        "format": 100.0 * sum(formats) / len(formats),
+        "records": records,
+    }
 
 
 def sft(model_dir: Path, dataset, out: Path, steps: int, learning_rate: float = 3e-3, seed: int = 0) -> Path:
@@ -69,12 +100,30 @@ def sft(model_dir: Path, dataset, out: Path, steps: int, learning_rate: float = 
     from video_grpo.sft import VideoSFTCollator
 
     processor = AutoProcessor.from_pretrained(model_dir)
-    args = SFTConfig(output_dir=str(out), max_steps=steps, per_device_train_batch_size=16, learning_rate=learning_rate,
-                     lr_scheduler_type="constant", bf16=False, use_cpu=True, gradient_checkpointing=False,
-                     report_to="none", save_strategy="no", logging_steps=10, seed=seed, remove_unused_columns=False,
-                     dataset_kwargs={"skip_prepare_dataset": True}, disable_tqdm=True)
-    trainer = SFTTrainer(model=str(model_dir), args=args, train_dataset=dataset,
-                         data_collator=VideoSFTCollator(processor, ANSWER_TEMPLATE, QWEN2_5_VL), processing_class=processor)
+    args = SFTConfig(
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=16,
+        learning_rate=learning_rate,
+        lr_scheduler_type="constant",
+        bf16=False,
+        use_cpu=True,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=10,
+        seed=seed,
+        remove_unused_columns=False,
+        dataset_kwargs={"skip_prepare_dataset": True},
+        disable_tqdm=True,
+    )
+    trainer = SFTTrainer(
+        model=str(model_dir),
+        args=args,
+        train_dataset=dataset,
+        data_collator=VideoSFTCollator(processor, ANSWER_TEMPLATE, QWEN2_5_VL),
+        processing_class=processor,
+    )
     trainer.train()
     trainer.save_model(str(out))
     processor.save_pretrained(str(out))
@@ -139,9 +188,17 @@ def guidance_variant(**options):
         trainer.group_advantages = original
 
 
-def grpo(model_dir: Path, dataset, out: Path, steps: int, plain: bool = False, save: bool = True,
-         guidance_options: dict | None = None, group_stds: list[float] | None = None,
-         **trainer_kwargs) -> list[dict]:
+def grpo(
+    model_dir: Path,
+    dataset,
+    out: Path,
+    steps: int,
+    plain: bool = False,
+    save: bool = True,
+    guidance_options: dict | None = None,
+    group_stds: list[float] | None = None,
+    **trainer_kwargs,
+) -> list[dict]:
     """GRPO with the ``iou`` and ``format`` rewards from ``model_dir``; returns the per-step log.
 
     ``plain``: TRL's own ``GRPOTrainer``, fed the frames in the prompt; otherwise ``VideoGRPOTrainer``
@@ -162,13 +219,20 @@ def grpo(model_dir: Path, dataset, out: Path, steps: int, plain: bool = False, s
         trainer_processor.video_processor.size = pixels
     # A sampled <|video_pad|> would break the next forward; a TRL user has to suppress it too.
     suppress = vision_placeholder_ids(AutoConfig.from_pretrained(model_dir))
-    args = GRPOConfig(output_dir=str(out), max_steps=steps, generation_kwargs={"suppress_tokens": suppress},
-                      **GRPO_SETTINGS)
+    args = GRPOConfig(
+        output_dir=str(out), max_steps=steps, generation_kwargs={"suppress_tokens": suppress}, **GRPO_SETTINGS
+    )
     trainer_class = GRPOTrainer if plain else VideoGRPOTrainer
     data = with_transform(dataset, FramesInPrompt) if plain else dataset
     accuracy = iou_reward if group_stds is None else recording_iou(group_stds, args.num_generations)
-    trainer = trainer_class(model=str(model_dir), reward_funcs=[accuracy, format_reward], args=args,
-                            train_dataset=data, processing_class=trainer_processor, **trainer_kwargs)
+    trainer = trainer_class(
+        model=str(model_dir),
+        reward_funcs=[accuracy, format_reward],
+        args=args,
+        train_dataset=data,
+        processing_class=trainer_processor,
+        **trainer_kwargs,
+    )
     with guidance_variant(**guidance_options) if guidance_options else contextlib.nullcontext():
         trainer.train()
     if save:

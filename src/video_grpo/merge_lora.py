@@ -21,7 +21,9 @@ def merge(adapter_dir: str | Path, output_dir: str | Path, base_model: str | Non
     adapter_dir, output_dir = Path(adapter_dir), Path(output_dir)
     config_file = adapter_dir / "adapter_config.json"
     if not config_file.is_file():
-        raise FileNotFoundError(f"{config_file} not found: is {adapter_dir} the output_dir of a use_peft run?")
+        raise FileNotFoundError(
+            f"{config_file} not found: is {adapter_dir} the output_dir of a use_peft run?"
+        )
     base_model = base_model or json.loads(config_file.read_text())["base_model_name_or_path"]
     base = AutoModelForImageTextToText.from_pretrained(base_model, dtype="auto")
     merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
@@ -32,7 +34,9 @@ def merge(adapter_dir: str | Path, output_dir: str | Path, base_model: str | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--adapter_dir", required=True)
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--base_model")

@@ -32,8 +32,12 @@ def plot_train(run_dir: Path, output: Path) -> Path:
     history = json.loads(latest_state(run_dir).read_text())["log_history"]
     steps = [e for e in history if "step" in e and "loss" in e]
     reward_keys = sorted({k for e in steps for k in e if k.startswith("rewards/") and k.endswith("/mean")})
-    panels = [("reward", ["reward"] + reward_keys), ("KL", ["kl"]),
-              ("completion length", ["completions/mean_length"]), ("learning rate", ["learning_rate"])]
+    panels = [
+        ("reward", ["reward"] + reward_keys),
+        ("KL", ["kl"]),
+        ("completion length", ["completions/mean_length"]),
+        ("learning rate", ["learning_rate"]),
+    ]
     panels = [(title, [k for k in keys if any(k in e for e in steps)]) for title, keys in panels]
     panels = [(title, keys) for title, keys in panels if keys]
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.4 * len(panels)), sharex=True, squeeze=False)
@@ -86,8 +90,11 @@ def plot_timeline(predictions: Path, output: Path, num: int = 12) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m video_grpo.plot", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m video_grpo.plot",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="reward, per-reward means, KL, completion length, learning rate")
     train.add_argument("--run_dir", type=Path, required=True)
@@ -100,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train":
         path = plot_train(args.run_dir, args.output or args.run_dir / "train_curves.png")
     else:
-        path = plot_timeline(args.predictions, args.output or args.predictions.with_name("timeline.png"), args.num)
+        path = plot_timeline(
+            args.predictions, args.output or args.predictions.with_name("timeline.png"), args.num
+        )
     print(f"wrote {path}")
     return 0
 

@@ -36,20 +36,32 @@ def vision_block_positions(start: int, grid_thw, spatial_merge: int, time_step: 
     return grid.reshape(3, -1) + start
 
 
-def reference_rope_index(self, input_ids: torch.LongTensor, mm_token_type_ids: torch.Tensor,
-                         image_grid_thw: torch.Tensor | None = None, video_grid_thw: torch.Tensor | None = None,
-                         second_per_grid_ts: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                         **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_rope_index(
+    self,
+    input_ids: torch.LongTensor,
+    mm_token_type_ids: torch.Tensor,
+    image_grid_thw: torch.Tensor | None = None,
+    video_grid_thw: torch.Tensor | None = None,
+    second_per_grid_ts: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop-in for ``Qwen2_5_VLModel.get_rope_index``: ``(positions (3, B, L), rope_deltas (B, 1))``."""
     merge = self.config.vision_config.spatial_merge_size
     tokens_per_second = self.config.vision_config.tokens_per_second
-    grids = {IMAGE: iter(image_grid_thw.tolist() if image_grid_thw is not None else []),
-             VIDEO: iter(video_grid_thw.tolist() if video_grid_thw is not None else [])}
+    grids = {
+        IMAGE: iter(image_grid_thw.tolist() if image_grid_thw is not None else []),
+        VIDEO: iter(video_grid_thw.tolist() if video_grid_thw is not None else []),
+    }
     seconds = iter(second_per_grid_ts.tolist() if second_per_grid_ts is not None else [])
     positions = torch.zeros(3, *input_ids.shape, dtype=input_ids.dtype, device=input_ids.device)
     deltas = []
     for row in range(input_ids.shape[0]):
-        keep = attention_mask[row].bool() if attention_mask is not None else torch.ones_like(input_ids[row], dtype=torch.bool)
+        keep = (
+            attention_mask[row].bool()
+            if attention_mask is not None
+            else torch.ones_like(input_ids[row], dtype=torch.bool)
+        )
         types = mm_token_type_ids[row][keep].tolist()
         pieces, next_position = [], 0
         for kind, run in itertools.groupby(types):
@@ -60,8 +72,10 @@ def reference_rope_index(self, input_ids: torch.LongTensor, mm_token_type_ids: t
                 try:
                     grid = next(grids[kind])
                 except StopIteration:
-                    raise ValueError(f"row {row} has more {'video' if kind == VIDEO else 'image'} blocks than "
-                                     f"{'video' if kind == VIDEO else 'image'}_grid_thw has rows") from None
+                    raise ValueError(
+                        f"row {row} has more {'video' if kind == VIDEO else 'image'} blocks than "
+                        f"{'video' if kind == VIDEO else 'image'}_grid_thw has rows"
+                    ) from None
                 step = tokens_per_second * next(seconds, 1.0) if kind == VIDEO else 1.0
                 pieces.append(vision_block_positions(next_position, grid, merge, step))
             next_position = int(pieces[-1].max()) + 1

@@ -32,10 +32,18 @@ def language_backbone(model):
     return base.model
 
 
-def unique_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, pixels: list[torch.Tensor],
-                grids: torch.Tensor, time: dict[str, torch.Tensor]) -> tuple[list[int], torch.Tensor]:
+def unique_rows(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    pixels: list[torch.Tensor],
+    grids: torch.Tensor,
+    time: dict[str, torch.Tensor],
+) -> tuple[list[int], torch.Tensor]:
     """(first row of each distinct prompt, index from every row to its prompt)."""
-    prompts = [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(input_ids.cpu(), attention_mask.cpu(), strict=True)]
+    prompts = [
+        tuple(ids[mask.bool()].tolist())
+        for ids, mask in zip(input_ids.cpu(), attention_mask.cpu(), strict=True)
+    ]
     extras = [(tuple(grids[i].tolist()), *(float(t[i]) for t in time.values())) for i in range(len(prompts))]
     groups = group_rows(prompts, pixels, extras)
     index = torch.empty(len(prompts), dtype=torch.long)
@@ -45,9 +53,18 @@ def unique_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, pixels: l
 
 
 @torch.no_grad()
-def generate(model, generate_fn=None, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-             pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor, mm_token_type_ids: torch.Tensor,
-             counts: list[int] | None = None, **kwargs: Any):
+def generate(
+    model,
+    generate_fn=None,
+    *,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    pixel_values_videos: torch.Tensor,
+    video_grid_thw: torch.Tensor,
+    mm_token_type_ids: torch.Tensor,
+    counts: list[int] | None = None,
+    **kwargs: Any,
+):
     """``model.generate(input_ids=..., ...)`` (``generate_fn``, default ``model.generate``) with each distinct
     left-padded prompt prefilled once. Rows must hold one video each (how every caller here builds them)."""
     generate_fn = generate_fn or model.generate
@@ -71,8 +88,13 @@ def generate(model, generate_fn=None, *, input_ids: torch.Tensor, attention_mask
     index = index.to(input_ids.device)
     cache.batch_select_indices(index)
     backbone.rope_deltas = backbone.rope_deltas[index]
-    return generate_fn(input_ids=input_ids, attention_mask=attention_mask, mm_token_type_ids=mm_token_type_ids,
-                       cache=cache, **kwargs)
+    return generate_fn(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        mm_token_type_ids=mm_token_type_ids,
+        cache=cache,
+        **kwargs,
+    )
 
 
 @contextlib.contextmanager

@@ -47,28 +47,38 @@ def stateful_layers(config) -> list[str]:
 def unsupported_reason(config, attn_implementation: str | None = None) -> str | None:
     """Why a packed shared-prefix forward cannot be exact for this model and attention backend, or None."""
     if stateful_layers(config):
-        return (f"{config.model_type} has {stateful_layers(config)} layers (Gated DeltaNet), which carry a state "
-                "along the sequence, so in a packed row one answer would read another through it")
+        return (
+            f"{config.model_type} has {stateful_layers(config)} layers (Gated DeltaNet), which carry a state "
+            "along the sequence, so in a packed row one answer would read another through it"
+        )
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     if "sliding_attention" in (getattr(text_config, "layer_types", None) or []):
         return "sliding-window layers ignore a custom attention mask"
     implementation = attn_implementation or getattr(config, "_attn_implementation", None) or "sdpa"
     if implementation not in SUPPORTED_ATTENTION:
-        return (f"attn_implementation={implementation!r} takes no custom 4-D attention mask; shared_prefix needs "
-                f"{' or '.join(SUPPORTED_ATTENTION)}")
+        return (
+            f"attn_implementation={implementation!r} takes no custom 4-D attention mask; shared_prefix needs "
+            f"{' or '.join(SUPPORTED_ATTENTION)}"
+        )
     return None
 
 
-def group_rows(prompts: Sequence[tuple[int, ...]], videos: Sequence[torch.Tensor],
-               extras: Sequence[tuple]) -> list[list[int]]:
+def group_rows(
+    prompts: Sequence[tuple[int, ...]], videos: Sequence[torch.Tensor], extras: Sequence[tuple]
+) -> list[list[int]]:
     """Row indices grouped by identical prompt tokens and identical video (same tensor, or equal values), in
     first-seen order. ``extras`` holds what else must match (grid, time)."""
     groups: list[list[int]] = []
     for row, (prompt, video, extra) in enumerate(zip(prompts, videos, extras, strict=True)):
         for group in groups:
             first = group[0]
-            if prompts[first] == prompt and extras[first] == extra and (
-                videos[first] is video or (videos[first].shape == video.shape and torch.equal(videos[first], video))
+            if (
+                prompts[first] == prompt
+                and extras[first] == extra
+                and (
+                    videos[first] is video
+                    or (videos[first].shape == video.shape and torch.equal(videos[first], video))
+                )
             ):
                 group.append(row)
                 break
@@ -83,7 +93,9 @@ class PackedRows:
 
     model_inputs: dict[str, Any]
     shift_labels: torch.Tensor  # (packed rows, length)
-    source: torch.Tensor  # (rows, completion_length, 2): packed row and position of each completion token; -1 unused
+    source: (
+        torch.Tensor
+    )  # (rows, completion_length, 2): packed row and position of each completion token; -1 unused
     plain_positions: int  # token positions the plain forward would carry
     packed_positions: int  # token positions this forward carries (padding included)
 
@@ -100,14 +112,26 @@ def _span(mask: torch.Tensor, left_padded: bool) -> tuple[int, int] | None:
     if ones.numel() == 0:
         return (mask.numel(), mask.numel()) if left_padded else (0, 0)
     start, end = int(ones[0]), int(ones[-1]) + 1
-    if end - start != ones.numel() or (left_padded and end != mask.numel()) or (not left_padded and start != 0):
+    if (
+        end - start != ones.numel()
+        or (left_padded and end != mask.numel())
+        or (not left_padded and start != 0)
+    ):
         return None
     return start, end
 
 
-def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int,
-              video_rows: dict[str, Any], rows: slice, rope_index: Callable, video_token_id: int,
-              pad_token_id: int, mask_dtype: torch.dtype | None = None) -> PackedRows | None:
+def pack_rows(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_length: int,
+    video_rows: dict[str, Any],
+    rows: slice,
+    rope_index: Callable,
+    video_token_id: int,
+    pad_token_id: int,
+    mask_dtype: torch.dtype | None = None,
+) -> PackedRows | None:
     """Pack ``input_ids`` (prompt left-padded, completion of ``completion_length`` right-padded), whose video
     inputs are ``video_rows[...][rows]``, by shared prompt. ``rope_index`` is the model's ``get_rope_index``.
 
@@ -121,7 +145,7 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_
         answer_span = _span(torch.tensor(mask[prompt_width:]), left_padded=False)
         if prompt_span is None or answer_span is None or prompt_span[1] - prompt_span[0] < 2:
             return None
-        prompts.append(tuple(ids[prompt_span[0]:prompt_width]))
+        prompts.append(tuple(ids[prompt_span[0] : prompt_width]))
         answers.append(ids[prompt_width : prompt_width + answer_span[1]])
     videos = video_rows["video_pixels"][rows]
     grids = video_rows["video_grid_thw"][rows]
@@ -134,16 +158,24 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_
     for packed_row, group in enumerate(groups):
         first = group[0]
         prompt = torch.tensor(prompts[first], dtype=torch.long)
-        rope_kwargs = {"video_grid_thw": grids[first : first + 1].to(device),
-                       **{key: value[first : first + 1].to(device) for key, value in time.items()}}
-        prompt_positions, _ = rope_index(input_ids=prompt[None].to(device),
-                                         mm_token_type_ids=video_token_types(prompt[None], video_token_id).to(device),
-                                         attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
-                                         **rope_kwargs)
+        rope_kwargs = {
+            "video_grid_thw": grids[first : first + 1].to(device),
+            **{key: value[first : first + 1].to(device) for key, value in time.items()},
+        }
+        prompt_positions, _ = rope_index(
+            input_ids=prompt[None].to(device),
+            mm_token_type_ids=video_token_types(prompt[None], video_token_id).to(device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
+            **rope_kwargs,
+        )
         prompt_positions = prompt_positions[:, 0].cpu()  # (3, P)
         stem = len(prompt) - 1
-        tokens, segment, position, label = [prompt[:stem]], [torch.full((stem,), -1)], [prompt_positions[:, :stem]], \
-            [torch.full((stem,), -100)]
+        tokens, segment, position, label = (
+            [prompt[:stem]],
+            [torch.full((stem,), -1)],
+            [prompt_positions[:, :stem]],
+            [torch.full((stem,), -100)],
+        )
         last_position = prompt_positions[:, stem : stem + 1]
         offset = stem
         for number, row in enumerate(group):
@@ -173,10 +205,12 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_
         packed_ids[i, : len(seq)], packed_segments[i, : len(seq)] = seq, seg
         packed_positions[:, i, : len(seq)], packed_labels[i, : len(seq)] = pos, lab
         if len(seq) < width:  # padding continues the positions, so rotary inputs stay ordinary numbers
-            packed_positions[:, i, len(seq):] = pos[:, -1:] + 1 + torch.arange(width - len(seq))
+            packed_positions[:, i, len(seq) :] = pos[:, -1:] + 1 + torch.arange(width - len(seq))
     allowed = segment_mask(packed_segments)
     if mask_dtype is not None:
-        allowed = torch.zeros(allowed.shape, dtype=mask_dtype).masked_fill(~allowed, torch.finfo(mask_dtype).min)
+        allowed = torch.zeros(allowed.shape, dtype=mask_dtype).masked_fill(
+            ~allowed, torch.finfo(mask_dtype).min
+        )
     first_rows = [group[0] for group in groups]
     model_inputs = {
         "input_ids": packed_ids.to(device),
@@ -187,8 +221,13 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_
         **{key: value[first_rows].to(device) for key, value in time.items()},
         "mm_token_type_ids": video_token_types(packed_ids, video_token_id).to(device),
     }
-    return PackedRows(model_inputs, packed_labels.to(device), source.to(device),
-                      plain_positions=input_ids.numel(), packed_positions=packed_ids.numel())
+    return PackedRows(
+        model_inputs,
+        packed_labels.to(device),
+        source.to(device),
+        plain_positions=input_ids.numel(),
+        packed_positions=packed_ids.numel(),
+    )
 
 
 def segment_mask(segments: torch.Tensor) -> torch.Tensor:

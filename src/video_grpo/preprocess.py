@@ -40,8 +40,14 @@ def _cache_one(job: tuple[str, SamplingConfig, str, str]) -> tuple[str, str | No
         return path, str(err)
 
 
-def preprocess(videos: list[str], sampling: SamplingConfig, cache_dir: str, num_workers: int = 1,
-               quiet: bool = False, fmt: str = "jpeg") -> dict[str, str]:
+def preprocess(
+    videos: list[str],
+    sampling: SamplingConfig,
+    cache_dir: str,
+    num_workers: int = 1,
+    quiet: bool = False,
+    fmt: str = "jpeg",
+) -> dict[str, str]:
     """Cache every video in format ``fmt``; returns ``{path: error}`` for the ones that failed."""
     jobs = [(video, sampling, cache_dir, fmt) for video in videos]
     failures = {}
@@ -73,7 +79,9 @@ class SizeEstimate:
     bytes_per_frame: float
 
 
-def estimate_size(durations: dict[str, float], sampling: SamplingConfig, fmt: str, samples: int = 5) -> SizeEstimate:
+def estimate_size(
+    durations: dict[str, float], sampling: SamplingConfig, fmt: str, samples: int = 5
+) -> SizeEstimate:
     """Bytes the cache of these videos (path -> annotated duration) will take in format ``fmt``.
 
     Decodes and encodes ``samples`` videos spread over the sorted list, measures their entries' bytes per frame
@@ -100,7 +108,9 @@ def estimate_size(durations: dict[str, float], sampling: SamplingConfig, fmt: st
     bytes_per_frame = sum(sizes) / sum(frames)
     height, width = sorted(shapes)[len(shapes) // 2]
     counts = [plan_sampling(durations[v], height, width, sampling)[0] for v in videos]
-    return SizeEstimate(round(bytes_per_frame * sum(counts)), len(videos), len(sizes), sum(counts), bytes_per_frame)
+    return SizeEstimate(
+        round(bytes_per_frame * sum(counts)), len(videos), len(sizes), sum(counts), bytes_per_frame
+    )
 
 
 def cache_bytes(videos: list[str], sampling: SamplingConfig, cache_dir: str, fmt: str) -> tuple[int, int]:
@@ -125,24 +135,38 @@ def human_bytes(n: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", required=True)
     parser.add_argument("--frame_cache_dir", help="overrides the recipe's frame_cache_dir")
-    parser.add_argument("--frame_cache_format", choices=["jpeg", "raw"], help="overrides the recipe's frame_cache_format")
+    parser.add_argument(
+        "--frame_cache_format", choices=["jpeg", "raw"], help="overrides the recipe's frame_cache_format"
+    )
     parser.add_argument("--num_workers", type=int, default=1)
-    parser.add_argument("--model_family", choices=sorted(FAMILIES),
-                        help="frame geometry to cache for; default: the family of the recipe's model_name_or_path")
-    parser.add_argument("--estimate_samples", type=int, default=5,
-                        help="videos decoded to estimate the cache's size before starting")
+    parser.add_argument(
+        "--model_family",
+        choices=sorted(FAMILIES),
+        help="frame geometry to cache for; default: the family of the recipe's model_name_or_path",
+    )
+    parser.add_argument(
+        "--estimate_samples",
+        type=int,
+        default=5,
+        help="videos decoded to estimate the cache's size before starting",
+    )
     parser.add_argument("--dry_run", action="store_true", help="print the estimated size and exit")
     args = parser.parse_args(argv)
-    script_args = script_args_from_yaml(args.config, frame_cache_dir=args.frame_cache_dir,
-                                        frame_cache_format=args.frame_cache_format)
+    script_args = script_args_from_yaml(
+        args.config, frame_cache_dir=args.frame_cache_dir, frame_cache_format=args.frame_cache_format
+    )
     if not script_args.frame_cache_dir and not args.dry_run:
         parser.error("no frame_cache_dir: set it in the recipe or pass --frame_cache_dir")
     from video_grpo.data import missing_recipe_paths
 
-    problems = missing_recipe_paths(script_args, args.config, ("train_file", "eval_file", "durations_file", "video_root"))
+    problems = missing_recipe_paths(
+        script_args, args.config, ("train_file", "eval_file", "durations_file", "video_root")
+    )
     if problems:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
@@ -150,9 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     durations = {}
     for annotation_file in (script_args.train_file, script_args.eval_file):
         if annotation_file:
-            records, _ = load_annotations(annotation_file, script_args.dataset_format, script_args.video_root,
-                                          script_args.durations_file, tuple(script_args.video_extensions),
-                                          allow_absolute_video_paths=script_args.allow_absolute_video_paths)
+            records, _ = load_annotations(
+                annotation_file,
+                script_args.dataset_format,
+                script_args.video_root,
+                script_args.durations_file,
+                tuple(script_args.video_extensions),
+                allow_absolute_video_paths=script_args.allow_absolute_video_paths,
+            )
             durations.update((r["video"], float(r["duration"])) for r in records)
     videos = sorted(durations)
     fmt = script_args.frame_cache_format
@@ -160,11 +189,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         estimate = estimate_size(durations, sampling, fmt, args.estimate_samples)
     except VideoReadError as err:
-        print(f"error: none of the videos sampled for the size estimate could be read; last: {err}", file=sys.stderr)
+        print(
+            f"error: none of the videos sampled for the size estimate could be read; last: {err}",
+            file=sys.stderr,
+        )
         return 1
-    print(f"estimated cache size: {human_bytes(estimate.total_bytes)} ({estimate.total_bytes} bytes) for "
-          f"{estimate.videos} videos, {estimate.frames} frames, as {fmt} (from {estimate.sampled} sampled videos, "
-          f"{human_bytes(estimate.bytes_per_frame)} per frame)", flush=True)
+    print(
+        f"estimated cache size: {human_bytes(estimate.total_bytes)} ({estimate.total_bytes} bytes) for "
+        f"{estimate.videos} videos, {estimate.frames} frames, as {fmt} (from {estimate.sampled} sampled videos, "
+        f"{human_bytes(estimate.bytes_per_frame)} per frame)",
+        flush=True,
+    )
     if args.dry_run:
         return 0
     failures = preprocess(videos, sampling, script_args.frame_cache_dir, args.num_workers, fmt=fmt)

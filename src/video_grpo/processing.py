@@ -30,11 +30,14 @@ from video_grpo.families import ModelFamily
 positions.install()  # every Qwen2.5-VL forward and generation uses the reference 3-D position layout
 
 VIDEO_FLOAT_INPUTS = frozenset({"pixel_values_videos", "second_per_grid_ts"})
-TIME_INPUTS = ("second_per_grid_ts",)  # per-video time tensors some families take (ModelFamily.time_input_keys)
+TIME_INPUTS = (
+    "second_per_grid_ts",
+)  # per-video time tensors some families take (ModelFamily.time_input_keys)
 
 
-def encode_rows(processor, rows: list[dict], family: ModelFamily,
-                chat_template_kwargs: dict | None = None) -> dict[str, Any]:
+def encode_rows(
+    processor, rows: list[dict], family: ModelFamily, chat_template_kwargs: dict | None = None
+) -> dict[str, Any]:
     """Tokenize each row's prompt with its video; rows that share a video and prompt are processed once.
 
     Returns per-row ``prompt_ids`` (lists), ``video_pixels`` (a list of ``(patches, C)`` float32 tensors, shared
@@ -43,10 +46,16 @@ def encode_rows(processor, rows: list[dict], family: ModelFamily,
     the processor neither resamples nor resizes them; time comes from the frames' real timestamps.
     """
     texts = processor.apply_chat_template(
-        [row["prompt"] for row in rows], tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
+        [row["prompt"] for row in rows],
+        tokenize=False,
+        add_generation_prompt=True,
+        **(chat_template_kwargs or {}),
     )
     unique: dict[tuple[int, str], int] = {}
-    row_to_unique = [unique.setdefault((id(row["video_frames"]), text), len(unique)) for row, text in zip(rows, texts, strict=True)]
+    row_to_unique = [
+        unique.setdefault((id(row["video_frames"]), text), len(unique))
+        for row, text in zip(rows, texts, strict=True)
+    ]
     first_row = {}
     for row_index, unique_index in enumerate(row_to_unique):
         first_row.setdefault(unique_index, row_index)
@@ -60,7 +69,9 @@ def encode_rows(processor, rows: list[dict], family: ModelFamily,
         cap_pixels_per_frame=True,  # explicit, to silence a transformers warning; frames are pre-sized anyway
     )
     grid = torch.as_tensor(encoded["video_grid_thw"]).long()
-    pixels = torch.split(torch.as_tensor(encoded["pixel_values_videos"], dtype=torch.float32), grid.prod(-1).tolist())
+    pixels = torch.split(
+        torch.as_tensor(encoded["pixel_values_videos"], dtype=torch.float32), grid.prod(-1).tolist()
+    )
     time = family.time_inputs([rows[i]["video_metadata"] for i in order])
     return {
         "prompt_ids": [list(encoded["input_ids"][u]) for u in row_to_unique],
@@ -80,8 +91,10 @@ VIDEO_TOKEN_TYPE = 2  # mm_token_type_ids in every family: 0 text, 1 image, 2 vi
 
 def vision_placeholder_ids(config) -> list[int]:
     """Token ids that must never be generated: a sampled ``<|video_pad|>`` breaks the next forward."""
-    candidates = [getattr(config, name, None) for name in
-                  ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")]
+    candidates = [
+        getattr(config, name, None)
+        for name in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    ]
     return sorted({i for i in candidates if i is not None})
 
 
@@ -95,7 +108,9 @@ def video_kwargs(encoded: dict[str, Any], rows: slice, input_ids: torch.Tensor, 
     device; ``input_ids`` are those rows' (padded) token ids."""
     device = input_ids.device
     return {
-        "pixel_values_videos": torch.cat(encoded["video_pixels"][rows]).to(device),  # device only: see the policy
+        "pixel_values_videos": torch.cat(encoded["video_pixels"][rows]).to(
+            device
+        ),  # device only: see the policy
         "video_grid_thw": encoded["video_grid_thw"][rows].to(device),
         **{key: encoded[key][rows].to(device) for key in TIME_INPUTS if key in encoded},
         "mm_token_type_ids": video_token_types(input_ids, video_token_id),
@@ -109,9 +124,12 @@ def generation_inputs(encoded: dict[str, Any], pad_token_id: int, video_token_id
     input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, ids in enumerate(prompts):
-        input_ids[i, width - len(ids):] = ids
-        attention_mask[i, width - len(ids):] = 1
+        input_ids[i, width - len(ids) :] = ids
+        attention_mask[i, width - len(ids) :] = 1
     if device is not None:
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    return {"input_ids": input_ids, "attention_mask": attention_mask,
-            **video_kwargs(encoded, slice(None), input_ids, video_token_id)}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        **video_kwargs(encoded, slice(None), input_ids, video_token_id),
+    }

@@ -35,7 +35,9 @@ ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 # Bounded digit runs keep matching linear and reject absurd magnitudes early.
 _TIME = r"(?:\d{1,7}(?::\d{1,2}){0,2}(?:\.\d{1,6})?)"
 _UNIT = r"(?:\s*(?:seconds|second|secs|sec|s)\b)?"
-_SPAN_RE = re.compile(rf"(?<![\d.:\-])({_TIME}){_UNIT}\s*(?:to|-|–)\s*({_TIME}){_UNIT}(?![\d:])", re.IGNORECASE)
+_SPAN_RE = re.compile(
+    rf"(?<![\d.:\-])({_TIME}){_UNIT}\s*(?:to|-|–)\s*({_TIME}){_UNIT}(?![\d:])", re.IGNORECASE
+)
 _FORMAT_RE = re.compile(
     r"\A\s*<think>(?:(?!</?think>|</?answer>).)*</think>\s*<answer>((?:(?!</?think>|</?answer>).)*)</answer>\s*\Z",
     re.DOTALL,
@@ -54,7 +56,9 @@ def render_answer(template: str, start: float, end: float, sentence: str = "", d
 
     SFT writes 1 decimal (its historical target). A guided answer should use 2, the precision the prompt
     asks for, so that its IoU with the annotation is 1 up to rounding of the annotation itself."""
-    return template.format(start=f"{float(start):.{decimals}f}", end=f"{float(end):.{decimals}f}", sentence=sentence)
+    return template.format(
+        start=f"{float(start):.{decimals}f}", end=f"{float(end):.{decimals}f}", sentence=sentence
+    )
 
 
 def completion_text(completion) -> str:
@@ -166,7 +170,9 @@ def iou_reward(completions: list, solution: list, **kwargs) -> list[float]:
     rewards = []
     for completion, gt, duration in zip(completions, solution, durations, strict=True):
         span = parse_span(completion)
-        rewards.append(0.0 if span is None else temporal_iou(_clip(span, duration), (float(gt[0]), float(gt[1]))))
+        rewards.append(
+            0.0 if span is None else temporal_iou(_clip(span, duration), (float(gt[0]), float(gt[1])))
+        )
     return rewards
 
 
@@ -201,7 +207,11 @@ def multi_span_iou_reward(completions: list, solution: list, **kwargs) -> list[f
         if not spans:
             rewards.append(0.0)
             continue
-        truth = [tuple(map(float, gt))] if not isinstance(gt[0], list | tuple) else [tuple(map(float, w)) for w in gt]
+        truth = (
+            [tuple(map(float, gt))]
+            if not isinstance(gt[0], list | tuple)
+            else [tuple(map(float, w)) for w in gt]
+        )
         rewards.append(union_iou([_clip(sp, duration) for sp in spans], truth))
     return rewards
 
@@ -261,8 +271,10 @@ def bind_params(func: Callable, params: dict) -> Callable:
     if not params:
         return func
     accepted = [
-        p.name for p in inspect.signature(func).parameters.values()
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("completions", "prompts", "completion_ids")
+        p.name
+        for p in inspect.signature(func).parameters.values()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in ("completions", "prompts", "completion_ids")
     ]
     for key in params:
         if key not in accepted:

@@ -36,10 +36,14 @@ class SFTScriptArguments(GRPOScriptArguments):
 class VideoSFTCollator:
     """Rows -> prompt (with video) + target answer; the loss covers the answer tokens only."""
 
-    def __init__(self, processor, answer_template: str, family: ModelFamily, decimals: int = ANSWER_DECIMALS) -> None:
+    def __init__(
+        self, processor, answer_template: str, family: ModelFamily, decimals: int = ANSWER_DECIMALS
+    ) -> None:
         self.processor = processor
         self.answer_template = answer_template
-        self.decimals = decimals  # the same precision as gt_guidance's guided answers (configs.ANSWER_DECIMALS)
+        self.decimals = (
+            decimals  # the same precision as gt_guidance's guided answers (configs.ANSWER_DECIMALS)
+        )
         self.family = family
         tokenizer = processor.tokenizer
         self.end_ids = tokenizer("<|im_end|>\n", add_special_tokens=False)["input_ids"]
@@ -52,7 +56,9 @@ class VideoSFTCollator:
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         encoded = encode_rows(self.processor, rows, self.family)
-        answers = self.processor.tokenizer([self.answer(r) for r in rows], add_special_tokens=False)["input_ids"]
+        answers = self.processor.tokenizer([self.answer(r) for r in rows], add_special_tokens=False)[
+            "input_ids"
+        ]
         sequences, labels = [], []
         for prompt, answer in zip(encoded["prompt_ids"], answers, strict=True):
             target = answer + self.end_ids
@@ -78,8 +84,10 @@ class VideoSFTCollator:
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> None:
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
-                        handlers=[logging.StreamHandler(sys.stdout)])
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
     logger.setLevel(training_args.get_process_log_level())
     set_seed(training_args.seed)
     if not script_args.train_file:
@@ -87,10 +95,15 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
 
     family = family_of_model(model_args.model_name_or_path, model_args.model_revision)
     train_dataset, eval_dataset = build_datasets(script_args, family)
-    processor = AutoProcessor.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
-    training_args.model_init_kwargs = {"revision": model_args.model_revision, "dtype": model_args.dtype,
-                                       "attn_implementation": model_args.attn_implementation,
-                                       **(training_args.model_init_kwargs or {})}
+    processor = AutoProcessor.from_pretrained(
+        model_args.model_name_or_path, revision=model_args.model_revision
+    )
+    training_args.model_init_kwargs = {
+        "revision": model_args.model_revision,
+        "dtype": model_args.dtype,
+        "attn_implementation": model_args.attn_implementation,
+        **(training_args.model_init_kwargs or {}),
+    }
     training_args.remove_unused_columns = False  # rows carry frames and metadata for the collator
     training_args.dataset_kwargs = {**(training_args.dataset_kwargs or {}), "skip_prepare_dataset": True}
     trainer = SFTTrainer(

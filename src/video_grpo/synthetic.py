@@ -32,7 +32,9 @@ def ffmpeg_exe() -> str:
     return imageio_ffmpeg.get_ffmpeg_exe()
 
 
-def draw_shape(frame: np.ndarray, shape: str, colour: tuple[int, int, int], cx: float, cy: float, r: int) -> None:
+def draw_shape(
+    frame: np.ndarray, shape: str, colour: tuple[int, int, int], cx: float, cy: float, r: int
+) -> None:
     h, w, _ = frame.shape
     yy, xx = np.mgrid[0:h, 0:w]
     if shape == "circle":
@@ -135,8 +137,10 @@ class FlashTask:
 
     def __post_init__(self) -> None:
         if not 0 < self.min_length <= self.max_length < self.duration:
-            raise ValueError(f"FlashTask: need 0 < min_length <= max_length < duration, got min_length="
-                             f"{self.min_length}, max_length={self.max_length}, duration={self.duration}")
+            raise ValueError(
+                f"FlashTask: need 0 < min_length <= max_length < duration, got min_length="
+                f"{self.min_length}, max_length={self.max_length}, duration={self.duration}"
+            )
 
     def span(self, rng: random.Random) -> tuple[float, float]:
         if self.slots:
@@ -156,7 +160,9 @@ def render_flash(path: Path, task: FlashTask, start: float, end: float, colour: 
     in the rotary positions only), and reading seconds off positions was more than it learned on 2 cores."""
     size = task.size
     base = np.full((size, size, 3), 70, dtype=np.uint8)
-    base[(np.indices((size, size)).sum(axis=0) // 7) % 2 == 1] = 80  # a fixed texture, the same in every frame
+    base[(np.indices((size, size)).sum(axis=0) // 7) % 2 == 1] = (
+        80  # a fixed texture, the same in every frame
+    )
     lit = np.empty_like(base)
     lit[:] = COLOURS[colour]
     half = size // 2 if task.clock else size
@@ -177,7 +183,9 @@ def render_flash(path: Path, task: FlashTask, start: float, end: float, colour: 
         raise RuntimeError(f"ffmpeg failed while writing {path}")
 
 
-def make_flash_split(out: Path, split: str, count: int, seed: int, task: FlashTask = FlashTask()) -> list[dict]:
+def make_flash_split(
+    out: Path, split: str, count: int, seed: int, task: FlashTask = FlashTask()
+) -> list[dict]:
     """Write ``count`` videos and ``<out>/<split>.jsonl``; the same seed gives the same spans and colours."""
     rng = random.Random(seed)
     video_dir = out / "videos"
@@ -188,8 +196,15 @@ def make_flash_split(out: Path, split: str, count: int, seed: int, task: FlashTa
         start, end = task.span(rng)
         colour = rng.choice(sorted(COLOURS))
         render_flash(video_dir / f"{vid}.mp4", task, start, end, colour)
-        records.append({"id": vid, "video": f"videos/{vid}.mp4", "duration": task.duration,
-                        "solution": [start, end], "sentence": f"the screen turns {colour}"})
+        records.append(
+            {
+                "id": vid,
+                "video": f"videos/{vid}.mp4",
+                "duration": task.duration,
+                "solution": [start, end],
+                "sentence": f"the screen turns {colour}",
+            }
+        )
     with open(out / f"{split}.jsonl", "w") as f:
         f.writelines(json.dumps(record) + "\n" for record in records)
     return records
@@ -201,7 +216,9 @@ def temporal_iou(a: tuple[float, float], b: tuple[float, float]) -> float:
     return inter / union if union > 0 else 0.0
 
 
-def best_fixed_span(train: list[dict], step: float = 0.5, threshold: float | None = None) -> tuple[float, float]:
+def best_fixed_span(
+    train: list[dict], step: float = 0.5, threshold: float | None = None
+) -> tuple[float, float]:
     """The one span, on a ``step``-second grid over the longest video, with the highest mean IoU on ``train``
     (with ``threshold``: the most IoUs >= ``threshold``, i.e. R1@threshold): what a policy that ignores the video
     can at best answer. Ties go to the first span on the grid."""

@@ -55,6 +55,7 @@ TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
 def _render_parts(match_keys: bool) -> str:
     """Jinja that renders ``message['content']`` parts. ``match_keys``: a part is also recognised by its key
     (``{'video': ...}``), as the Qwen3 templates do, not only by ``type``."""
+
     def test(kind: str) -> str:
         return f"part['type'] == '{kind}'" + (f" or '{kind}' in part" if match_keys else "")
 
@@ -71,9 +72,13 @@ def _render_parts(match_keys: bool) -> str:
 def _chatml(parts: str, default_system: bool) -> str:
     return (
         "{% for message in messages %}"
-        + ("{% if loop.first and message['role'] != 'system' %}"
-           "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
-           "{% endif %}" if default_system else "")
+        + (
+            "{% if loop.first and message['role'] != 'system' %}"
+            "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+            "{% endif %}"
+            if default_system
+            else ""
+        )
         + "{{ '<|im_start|>' + message['role'] + '\\n' }}"
         "{% if message['content'] is string %}{{ message['content'] }}"
         "{% else %}" + parts + "{% endif %}"
@@ -122,17 +127,48 @@ _SMALL_PIXELS_14 = {"min_pixels": 4 * 28 * 28, "max_pixels": 256 * 28 * 28}
 # processor they count pixels over the whole clip (frames x height x width), as in the published config.
 _QWEN3_NORM = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
 _QWEN3_PATCHES = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2}
-_QWEN3_IMAGE = {**_QWEN3_PATCHES, **_QWEN3_NORM, "size": {"shortest_edge": 4 * 32 * 32, "longest_edge": 256 * 32 * 32}}
-_QWEN3_VIDEO = {**_QWEN3_PATCHES, **_QWEN3_NORM, "size": {"shortest_edge": 4 * 32 * 32, "longest_edge": 64 * 128 * 128},
-                "fps": 2, "min_frames": 4, "max_frames": 768}
+_QWEN3_IMAGE = {
+    **_QWEN3_PATCHES,
+    **_QWEN3_NORM,
+    "size": {"shortest_edge": 4 * 32 * 32, "longest_edge": 256 * 32 * 32},
+}
+_QWEN3_VIDEO = {
+    **_QWEN3_PATCHES,
+    **_QWEN3_NORM,
+    "size": {"shortest_edge": 4 * 32 * 32, "longest_edge": 64 * 128 * 128},
+    "fps": 2,
+    "min_frames": 4,
+    "max_frames": 768,
+}
 
 BUILDERS: dict[str, TinyBuilder] = {
-    "qwen2_5_vl": TinyBuilder("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor",
-                             "Qwen2VLVideoProcessor", _SMALL_PIXELS_14, _SMALL_PIXELS_14, CHAT_TEMPLATE),
-    "qwen3_vl": TinyBuilder("qwen3_vl", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor",
-                           "Qwen3VLVideoProcessor", _QWEN3_IMAGE, _QWEN3_VIDEO, QWEN3_VL_CHAT_TEMPLATE),
-    "qwen3_5": TinyBuilder("qwen3_5", "Qwen3_5ForConditionalGeneration", "Qwen3VLProcessor",
-                          "Qwen3VLVideoProcessor", _QWEN3_IMAGE, _QWEN3_VIDEO, QWEN3_5_CHAT_TEMPLATE),
+    "qwen2_5_vl": TinyBuilder(
+        "qwen2_5_vl",
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen2_5_VLProcessor",
+        "Qwen2VLVideoProcessor",
+        _SMALL_PIXELS_14,
+        _SMALL_PIXELS_14,
+        CHAT_TEMPLATE,
+    ),
+    "qwen3_vl": TinyBuilder(
+        "qwen3_vl",
+        "Qwen3VLForConditionalGeneration",
+        "Qwen3VLProcessor",
+        "Qwen3VLVideoProcessor",
+        _QWEN3_IMAGE,
+        _QWEN3_VIDEO,
+        QWEN3_VL_CHAT_TEMPLATE,
+    ),
+    "qwen3_5": TinyBuilder(
+        "qwen3_5",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3VLProcessor",
+        "Qwen3VLVideoProcessor",
+        _QWEN3_IMAGE,
+        _QWEN3_VIDEO,
+        QWEN3_5_CHAT_TEMPLATE,
+    ),
 }
 
 
@@ -154,7 +190,9 @@ def _training_corpus() -> list[str]:
             lines.append(DEFAULT_PROMPT.format(sentence=f"a {colour} {shape} moves across the screen"))
     for start in range(0, 60, 3):
         end = start + 7
-        lines.append(f"<think>the event is from {start}.5 to {end}.0 seconds</think><answer>{start}.5 to {end}.0</answer>")
+        lines.append(
+            f"<think>the event is from {start}.5 to {end}.0 seconds</think><answer>{start}.5 to {end}.0</answer>"
+        )
     lines.append("You are a helpful assistant. person opens the door, picks up a phone, sits on a chair.")
     return lines * 4
 
@@ -206,8 +244,11 @@ def _token_ids(tokenizer) -> dict:
         "video_token_id": ids["<|video_pad|>"],
         "vision_start_token_id": ids["<|vision_start|>"],
         "vision_end_token_id": ids["<|vision_end|>"],
-        "text": {"bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"],
-                 "pad_token_id": ids["<|endoftext|>"]},
+        "text": {
+            "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": ids["<|im_end|>"],
+            "pad_token_id": ids["<|endoftext|>"],
+        },
     }
 
 
@@ -217,8 +258,15 @@ def _mrope_section(rotary_dim: int) -> list[int]:
     return [half - 2 * (half // 3), half // 3, half // 3]
 
 
-def build_config(tokenizer, text_hidden: int = 64, text_layers: int | None = None, vision_hidden: int = 32,
-                 vision_depth: int = 2, text_intermediate: int | None = None, family: str = "qwen2_5_vl"):
+def build_config(
+    tokenizer,
+    text_hidden: int = 64,
+    text_layers: int | None = None,
+    vision_hidden: int = 32,
+    vision_depth: int = 2,
+    text_intermediate: int | None = None,
+    family: str = "qwen2_5_vl",
+):
     """A tiny config of ``family`` whose placeholder ids are ``tokenizer``'s (0.2-0.3M parameters by default).
 
     ``text_layers`` defaults to 2, and to 3 for ``qwen3_vl``: DeepStack adds vision features after text layers
@@ -252,42 +300,70 @@ def build_config(tokenizer, text_hidden: int = 64, text_layers: int | None = Non
         "temporal_patch_size": 2,
         "spatial_merge_size": 2,
     }
-    tokens = {k: ids[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")}
+    tokens = {
+        k: ids[k]
+        for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    }
     if family == "qwen2_5_vl":
         head_dim = text_hidden // heads
-        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0,
-                                   "mrope_section": _mrope_section(head_dim)}
+        text["rope_parameters"] = {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": _mrope_section(head_dim),
+        }
         vision.update(window_size=112, fullatt_block_indexes=[vision_depth - 1], tokens_per_second=2)
-        return transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False,
-                                             **tokens)
+        return transformers.Qwen2_5_VLConfig(
+            text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens
+        )
     # Qwen3-VL / Qwen3.5 vision: learned position grid (a square; 2304 = 48x48 published, 8x8 here) + 2-D rope.
     vision.update(hidden_act="gelu_pytorch_tanh", num_position_embeddings=64)
     if family == "qwen3_vl":
         head_dim = text_hidden // heads
-        text.update(head_dim=head_dim, rope_parameters={
-            "rope_type": "default", "rope_theta": 5000000.0, "mrope_interleaved": True,
-            "mrope_section": _mrope_section(head_dim)})
+        text.update(
+            head_dim=head_dim,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 5000000.0,
+                "mrope_interleaved": True,
+                "mrope_section": _mrope_section(head_dim),
+            },
+        )
         # DeepStack: merged features of these vision layers are added after text layers 0, 1, ... (published 8B:
         # vision layers [8, 16, 24] of 27). Here up to 3 levels, below the last text layer.
         levels = max(1, min(3, vision_depth, text_layers - 1))
         vision["deepstack_visual_indexes"] = list(range(vision_depth - levels, vision_depth))
-        return transformers.Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
+        return transformers.Qwen3VLConfig(
+            text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens
+        )
     # Qwen3.5: gated attention with a partial rotary (a quarter of head_dim) and linear-attention layers; the
     # published models put one full-attention layer after every three linear ones. Here: linear, then full.
     head_dim = 2 * text_hidden // heads
     layer_types = ["linear_attention" if (i + 1) % 2 else "full_attention" for i in range(text_layers)]
     layer_types[-1] = "full_attention"
     text.update(
-        head_dim=head_dim, layer_types=layer_types,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        head_dim=head_dim,
+        layer_types=layer_types,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
         linear_conv_kernel_dim=4,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
-                         "mrope_interleaved": True, "mrope_section": _mrope_section(head_dim // 4)},
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_interleaved": True,
+            "mrope_section": _mrope_section(head_dim // 4),
+        },
     )
-    return transformers.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
+    return transformers.Qwen3_5Config(
+        text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens
+    )
 
 
-def build_tiny_model(output_dir: str | Path, seed: int = 0, family: str = "qwen2_5_vl", **config_kwargs) -> Path:
+def build_tiny_model(
+    output_dir: str | Path, seed: int = 0, family: str = "qwen2_5_vl", **config_kwargs
+) -> Path:
     """Write a tiny model + processor of ``family`` to ``output_dir`` and return the path. Same seed, same weights.
 
     ``config_kwargs`` go to :func:`build_config` (text_hidden, text_layers, vision_hidden, vision_depth,
@@ -318,14 +394,18 @@ def build_tiny_model(output_dir: str | Path, seed: int = 0, family: str = "qwen2
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Build a tiny random-weight video-language model for tests and the demo.")
+    parser = argparse.ArgumentParser(
+        description="Build a tiny random-weight video-language model for tests and the demo."
+    )
     parser.add_argument("output_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--family", choices=list(BUILDERS), default="qwen2_5_vl")
     args = parser.parse_args()
     path = build_tiny_model(args.output_dir, seed=args.seed, family=args.family)
     info = json.loads((path / "tiny_model_info.json").read_text())
-    print(f"tiny {args.family} written to {path} ({info['parameters']:,} parameters, vocab {info['vocab_size']})")
+    print(
+        f"tiny {args.family} written to {path} ({info['parameters']:,} parameters, vocab {info['vocab_size']})"
+    )
 
 
 if __name__ == "__main__":

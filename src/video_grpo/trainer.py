@@ -53,7 +53,9 @@ def shuffle_whole_groups(group_size: int):
         size = len(next(v for v in batch.values() if v is not None))
         if size % group_size:
             return row_shuffle(batch)
-        order = (torch.randperm(size // group_size)[:, None] * group_size + torch.arange(group_size)).reshape(-1)
+        order = (torch.randperm(size // group_size)[:, None] * group_size + torch.arange(group_size)).reshape(
+            -1
+        )
 
         def permute(value):
             if value is None or (isinstance(value, torch.Tensor) and value.ndim == 0):
@@ -77,7 +79,9 @@ def resolve_shared_prefix(requested: bool | None, config) -> bool:
     if requested:
         raise ValueError(f"shared_prefix: cannot be exact here: {reason}. Set shared_prefix: false.")
     if requested is None:
-        logger.warning(f"shared_prefix is off: {reason}. Each answer's row carries its own copy of the prompt.")
+        logger.warning(
+            f"shared_prefix is off: {reason}. Each answer's row carries its own copy of the prompt."
+        )
     return False
 
 
@@ -85,10 +89,19 @@ class VideoGRPOTrainer(GRPOTrainer):
     """GRPO for video-language models. Dataset rows need ``prompt``, ``video_frames`` and ``video_metadata``
     (see :mod:`video_grpo.data`)."""
 
-    def __init__(self, *args, grounding_eval_samples: int | None = 64, max_bad_sample_fraction: float = 0.05,
-                 freeze_vision_tower: bool = False, encode_video_once: bool = True, gt_guidance: bool = False,
-                 advantage_shaping: str = "none", answer_template: str = DEFAULT_ANSWER_TEMPLATE,
-                 shared_prefix: bool | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        grounding_eval_samples: int | None = 64,
+        max_bad_sample_fraction: float = 0.05,
+        freeze_vision_tower: bool = False,
+        encode_video_once: bool = True,
+        gt_guidance: bool = False,
+        advantage_shaping: str = "none",
+        answer_template: str = DEFAULT_ANSWER_TEMPLATE,
+        shared_prefix: bool | None = None,
+        **kwargs,
+    ) -> None:
         """
         grounding_eval_samples: how many eval queries ``evaluate()`` answers greedily for R1@m / mIoU
             (None: all of them, 0: skip).
@@ -107,9 +120,13 @@ class VideoGRPOTrainer(GRPOTrainer):
         self.gt_guidance = gt_guidance
         self.advantage_shaping = advantage_shaping
         self.answer_template = answer_template
-        if (gt_guidance or advantage_shaping != "none") and self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError("gt_guidance and advantage_shaping need multi_objective_aggregation='sum_then_normalize' "
-                             f"(got {self.multi_objective_aggregation!r}).")
+        if (
+            gt_guidance or advantage_shaping != "none"
+        ) and self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                "gt_guidance and advantage_shaping need multi_objective_aggregation='sum_then_normalize' "
+                f"(got {self.multi_objective_aggregation!r})."
+            )
         self._guided: dict[int, list[int]] = {}  # row -> guided answer tokens, for the batch being generated
         self._rewards_per_func: torch.Tensor | None = None
         self.grounding_eval_samples = grounding_eval_samples
@@ -127,9 +144,14 @@ class VideoGRPOTrainer(GRPOTrainer):
             frozen = not any(p.requires_grad for p in visual.parameters())
             self.video_encoder = install(self.model, reuse_across_calls=frozen)
             if self.ref_model is not None:
-                ref = self.accelerator.unwrap_model(self.ref_model) if self.is_deepspeed_enabled else self.ref_model
-                self.ref_video_encoder = install(ref, reuse_across_calls=frozen,
-                                                 share_cache_with=self.video_encoder if frozen else None)
+                ref = (
+                    self.accelerator.unwrap_model(self.ref_model)
+                    if self.is_deepspeed_enabled
+                    else self.ref_model
+                )
+                self.ref_video_encoder = install(
+                    ref, reuse_across_calls=frozen, share_cache_with=self.video_encoder if frozen else None
+                )
         self.shared_prefix = resolve_shared_prefix(shared_prefix, base.config)
         # One prefill per prompt in generate: exact with any attention backend, not with sequence-state layers
         self.shared_prefill = shared_prefix is not False and not stateful_layers(base.config)
@@ -140,14 +162,18 @@ class VideoGRPOTrainer(GRPOTrainer):
         config = self.model.config
         self.video_token_id = config.video_token_id
         # TRL suppresses only <|image_pad|>; a sampled <|video_pad|> would break the next forward.
-        suppressed = sorted(set(vision_placeholder_ids(config)) | set(self.generation_kwargs.get("suppress_tokens") or []))
+        suppressed = sorted(
+            set(vision_placeholder_ids(config)) | set(self.generation_kwargs.get("suppress_tokens") or [])
+        )
         self.generation_kwargs["suppress_tokens"] = suppressed
         self.generation_config.suppress_tokens = suppressed
         self._video_rows: dict[str, Any] | None = None  # video inputs aligned with the rows being forwarded
 
     # -- evaluation ------------------------------------------------------------------------------------------
 
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+    def evaluate(
+        self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
         """TRL's evaluation (sampled rewards), plus greedy grounding metrics on a held-out subset.
 
         A frozen tower's feature cache is set aside meanwhile: the training batch's features stay, the eval
@@ -157,7 +183,9 @@ class VideoGRPOTrainer(GRPOTrainer):
             metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
             dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
             if dataset is not None and not isinstance(dataset, dict) and self.grounding_eval_samples != 0:
-                grounding = {f"{metric_key_prefix}_{k}": v for k, v in self.grounding_metrics(dataset).items()}
+                grounding = {
+                    f"{metric_key_prefix}_{k}": v for k, v in self.grounding_metrics(dataset).items()
+                }
                 self.log(grounding)
                 metrics.update(grounding)
         return metrics
@@ -173,16 +201,30 @@ class VideoGRPOTrainer(GRPOTrainer):
 
         from video_grpo.evaluate import generate_answers, prediction_record, score_records
 
-        count = len(dataset) if self.grounding_eval_samples is None else min(self.grounding_eval_samples, len(dataset))
+        count = (
+            len(dataset)
+            if self.grounding_eval_samples is None
+            else min(self.grounding_eval_samples, len(dataset))
+        )
         ranks, rank = self.accelerator.num_processes, self.accelerator.process_index
         indices = list(range(count))[rank::ranks]
         batch_size = self.args.per_device_eval_batch_size
-        batches = math.ceil(math.ceil(count / ranks) / batch_size)  # the longest shard's batch count, on every rank
+        batches = math.ceil(
+            math.ceil(count / ranks) / batch_size
+        )  # the longest shard's batch count, on every rank
         padded = indices + [indices[-1] if indices else 0] * (batches * batch_size - len(indices))
         records = []
-        encoder = self.video_encoder.bypassing() if self.video_encoder is not None else contextlib.nullcontext()
-        with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                         gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model, encoder:
+        encoder = (
+            self.video_encoder.bypassing() if self.video_encoder is not None else contextlib.nullcontext()
+        )
+        with (
+            unwrap_model_for_generation(
+                self.model_wrapped,
+                self.accelerator,
+                gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+            ) as model,
+            encoder,
+        ):
             was_training = model.training
             model.eval()
             for start in range(0, len(padded), batch_size):
@@ -190,10 +232,14 @@ class VideoGRPOTrainer(GRPOTrainer):
                 rows = dataset.__getitems__(batch)
                 outputs = generate_answers(model, self.processing_class, rows, self.max_completion_length)
                 real = max(0, min(batch_size, len(indices) - start))  # the rest of the batch is padding
-                records += [prediction_record(row, out) for row, out in zip(rows[:real], outputs[:real], strict=True)]
+                records += [
+                    prediction_record(row, out) for row, out in zip(rows[:real], outputs[:real], strict=True)
+                ]
             model.train(was_training)
         metrics = score_records(gather_object(records))
-        return {k: v for k, v in metrics.items() if k.startswith("R1@") or k in ("mIoU", "num_parse_failures")}
+        return {
+            k: v for k, v in metrics.items() if k.startswith("R1@") or k in ("mIoU", "num_parse_failures")
+        }
 
     # -- TRL overrides ------------------------------------------------------------------------------------------
 
@@ -211,7 +257,9 @@ class VideoGRPOTrainer(GRPOTrainer):
         self._samples_seen += int(counts[1])
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["data/bad_samples"].append(float(self._bad_samples_seen))
-        minimum = max(10, math.ceil(1 / self.max_bad_sample_fraction)) if self.max_bad_sample_fraction > 0 else 1
+        minimum = (
+            max(10, math.ceil(1 / self.max_bad_sample_fraction)) if self.max_bad_sample_fraction > 0 else 1
+        )
         fraction = self._bad_samples_seen / max(self._samples_seen, 1)
         if self._samples_seen >= minimum and fraction > self.max_bad_sample_fraction:
             raise RuntimeError(
@@ -225,9 +273,14 @@ class VideoGRPOTrainer(GRPOTrainer):
     # inputs keep their dtype, so generation and the later forwards see the same values (processing's policy).
     def _prepare_input(self, data):
         if isinstance(data, Mapping) and not VIDEO_FLOAT_INPUTS.isdisjoint(data):
-            return type(data)({key: value.to(self.args.device) if key in VIDEO_FLOAT_INPUTS
-                               and isinstance(value, torch.Tensor) else self._prepare_input(value)
-                               for key, value in data.items()})
+            return type(data)(
+                {
+                    key: value.to(self.args.device)
+                    if key in VIDEO_FLOAT_INPUTS and isinstance(value, torch.Tensor)
+                    else self._prepare_input(value)
+                    for key, value in data.items()
+                }
+            )
         return super()._prepare_input(data)
 
     # Why: TRL drops video; process it once here and keep it on every row of the generation batch.
@@ -239,8 +292,13 @@ class VideoGRPOTrainer(GRPOTrainer):
         reshape = self.model.training and (self.gt_guidance or self.advantage_shaping != "none")
         if self.gt_guidance and self.model.training:
             mask = guided_mask(self.accelerator.process_index, len(inputs), self.num_generations)
-            self._guided = {i: guided_completion_ids(self._tokenizer, inputs[i], self.answer_template,
-                                                     self.eos_token_ids[0]) for i, guided in enumerate(mask) if guided}
+            self._guided = {
+                i: guided_completion_ids(
+                    self._tokenizer, inputs[i], self.answer_template, self.eos_token_ids[0]
+                )
+                for i, guided in enumerate(mask)
+                if guided
+            }
         try:
             output = super()._generate_and_score_completions(inputs)
             if reshape:
@@ -253,12 +311,15 @@ class VideoGRPOTrainer(GRPOTrainer):
 
     # Why: each prompt is prefilled once for its G answers (video_grpo.prefill); with gt_guidance, the last
     # answer of each group is the annotated span, not a sample.
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+    def _generate_single_turn(
+        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
+    ):
         model = self.accelerator.unwrap_model(self.model_wrapped)  # what TRL's generate call runs on
         counts = [0, 0]  # rows generated, rows prefilled
         with one_prefill_per_prompt(model, counts) if self.shared_prefill else contextlib.nullcontext():
-            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields,
-                                                                     num_generations, has_tool_images)
+            completion_ids, logprobs = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
         if counts[0]:
             mode = "train" if self.model.training else "eval"
             self._metrics[mode]["shared_prefix/prefill_ratio"].append(counts[1] / counts[0])
@@ -275,9 +336,17 @@ class VideoGRPOTrainer(GRPOTrainer):
         """Replace TRL's advantages by ``video_grpo.guidance.group_advantages`` (guided groups, shaping)."""
         rewards = self._rewards_per_func
         size = rewards.shape[0]
-        guided = torch.tensor(guided_mask(0, size, self.num_generations) if self.gt_guidance else [False] * size)
-        advantages = group_advantages(rewards, self.reward_weights, self.num_generations, guided,
-                                      self.advantage_shaping, self.scale_rewards)
+        guided = torch.tensor(
+            guided_mask(0, size, self.num_generations) if self.gt_guidance else [False] * size
+        )
+        advantages = group_advantages(
+            rewards,
+            self.reward_weights,
+            self.num_generations,
+            guided,
+            self.advantage_shaping,
+            self.scale_rewards,
+        )
         start = self.accelerator.process_index * local_rows
         output["advantages"] = advantages[start : start + local_rows].to(output["advantages"].device)
         for _ in range(size):  # the logged table shows the advantages the loss uses
@@ -286,10 +355,12 @@ class VideoGRPOTrainer(GRPOTrainer):
         if self.gt_guidance:
             sampled = advantages.view(-1, self.num_generations)[:, :-1]
             self._metrics["train"]["guidance/groups_all_sampled_negative"].append(
-                (sampled < 0).all(dim=1).float().mean().item())
+                (sampled < 0).all(dim=1).float().mean().item()
+            )
             # The accuracy reward of the policy's own answers (TRL's rewards/<name>/mean counts the guided ones too)
             self._metrics["train"]["guidance/sampled_accuracy_reward"].append(
-                torch.nanmean(rewards[~guided.to(rewards.device), 0]).item())
+                torch.nanmean(rewards[~guided.to(rewards.device), 0]).item()
+            )
 
     # Why: TRL shuffles rows; shuffling whole prompt groups keeps a video's G rows in one micro-batch, so the
     # loss forward encodes it once. Micro-batches stay equal-sized, so the summed gradient is unchanged.
@@ -307,7 +378,8 @@ class VideoGRPOTrainer(GRPOTrainer):
             "video_grid_thw": rows["video_grid_thw"],
             **{key: rows[key] for key in self.family.time_input_keys},
             "mm_token_type_ids": [
-                video_token_types(torch.tensor(ids), self.video_token_id).tolist() for ids in rows["prompt_ids"]
+                video_token_types(torch.tensor(ids), self.video_token_id).tolist()
+                for ids in rows["prompt_ids"]
             ],
         }
         return rows["prompt_ids"], None, multimodal_fields
@@ -320,9 +392,13 @@ class VideoGRPOTrainer(GRPOTrainer):
             loss = super()._compute_loss(model, inputs)
         finally:
             self._video_rows = None
-        if self.prefix_positions[0] > plain:  # the share of the plain forward's token positions this one carried
+        if (
+            self.prefix_positions[0] > plain
+        ):  # the share of the plain forward's token positions this one carried
             ratio = (self.prefix_positions[1] - packed) / (self.prefix_positions[0] - plain)
-            self._metrics["train" if self.model.training else "eval"]["shared_prefix/position_ratio"].append(ratio)
+            self._metrics["train" if self.model.training else "eval"]["shared_prefix/position_ratio"].append(
+                ratio
+            )
         return loss
 
     # Why: TRL slices only image tensors per chunk; we slice the rows' video tensors the same way.
@@ -339,7 +415,13 @@ class VideoGRPOTrainer(GRPOTrainer):
     ):
         if self._video_rows is None:  # text-only batch
             return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_entropy,
+                compute_aux_loss,
                 **image_kwargs,
             )
         batch_size = batch_size or input_ids.size(0)
@@ -348,12 +430,19 @@ class VideoGRPOTrainer(GRPOTrainer):
             for start in range(0, input_ids.size(0), batch_size):
                 end = min(start + batch_size, input_ids.size(0))
                 ids, mask = input_ids[start:end], attention_mask[start:end]
-                model_inputs = {"input_ids": ids, "attention_mask": mask,
-                                **video_kwargs(self._video_rows, slice(start, end), ids, self.video_token_id)}
-                packed = self._pack(ids, mask, logits_to_keep, slice(start, end)) if not compute_aux_loss else None
+                model_inputs = {
+                    "input_ids": ids,
+                    "attention_mask": mask,
+                    **video_kwargs(self._video_rows, slice(start, end), ids, self.video_token_id),
+                }
+                packed = (
+                    self._pack(ids, mask, logits_to_keep, slice(start, end)) if not compute_aux_loss else None
+                )
                 if packed is not None:
                     with self.accelerator.autocast():
-                        outputs = model(**packed.model_inputs, shift_labels=packed.shift_labels, fused_lm_head=True)
+                        outputs = model(
+                            **packed.model_inputs, shift_labels=packed.shift_labels, fused_lm_head=True
+                        )
                     all_logps.append(packed.unpack(outputs.log_probs))
                     if compute_entropy:
                         all_entropies.append(packed.unpack(outputs.entropy))
@@ -374,17 +463,30 @@ class VideoGRPOTrainer(GRPOTrainer):
         aux_loss = torch.stack(all_aux).mean() if compute_aux_loss else None
         return logps, entropies, aux_loss
 
-    def _pack(self, ids: torch.Tensor, mask: torch.Tensor, completion_length: int, rows: slice) -> PackedRows | None:
+    def _pack(
+        self, ids: torch.Tensor, mask: torch.Tensor, completion_length: int, rows: slice
+    ) -> PackedRows | None:
         """The rows packed by shared prompt (``video_grpo.prefix``), or None for the plain forward."""
         if not self.shared_prefix:
             return None
-        packed = pack_rows(ids, mask, completion_length, self._video_rows, rows, self._language_model.get_rope_index,
-                           self.video_token_id, self._tokenizer.pad_token_id, torch.float32 if self._eager_attention else None)
+        packed = pack_rows(
+            ids,
+            mask,
+            completion_length,
+            self._video_rows,
+            rows,
+            self._language_model.get_rope_index,
+            self.video_token_id,
+            self._tokenizer.pad_token_id,
+            torch.float32 if self._eager_attention else None,
+        )
         if packed is None:
             if not self._warned_unpackable:
                 self._warned_unpackable = True
-                logger.warning("shared_prefix: a micro-batch is not laid out as left-padded prompts and right-padded "
-                               "completions; it runs the plain forward (exact, without the saving).")
+                logger.warning(
+                    "shared_prefix: a micro-batch is not laid out as left-padded prompts and right-padded "
+                    "completions; it runs the plain forward (exact, without the saving)."
+                )
             return None
         self.prefix_positions[0] += packed.plain_positions
         self.prefix_positions[1] += packed.packed_positions

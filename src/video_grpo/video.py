@@ -43,7 +43,9 @@ class SamplingConfig:
     min_pixels: int = 16 * 28 * 28
     max_pixels: int = 256 * 28 * 28
     max_tokens: int = 3584
-    size_multiple: int = 28  # frame sides are multiples of this: patch x spatial merge (Qwen2.5-VL 28, Qwen3 32)
+    size_multiple: int = (
+        28  # frame sides are multiples of this: patch x spatial merge (Qwen2.5-VL 28, Qwen3 32)
+    )
     temporal_patch: int = 2  # frames per temporal patch: the frame count is a multiple of it
 
     @property
@@ -73,7 +75,9 @@ class SampledVideo:
     metadata: dict
 
 
-def fit_frame_size(height: int, width: int, min_pixels: int, max_pixels: int, multiple: int = 28) -> tuple[int, int]:
+def fit_frame_size(
+    height: int, width: int, min_pixels: int, max_pixels: int, multiple: int = 28
+) -> tuple[int, int]:
     """Resize (height, width) to multiples of ``multiple``, keeping the aspect ratio, with min <= H*W <= max.
 
     When rounding to multiples cannot satisfy both (min close to max), min wins; the caller's frame-count
@@ -184,7 +188,9 @@ def frame_timeline(reader, total: int, native_fps: float) -> tuple[list[float], 
     5 fps, then 3 s at 30 fps) the container's average fps makes ``total / fps`` far from the real length."""
     stamps = reader.get_frame_timestamp(list(range(total)))  # (total, 2): start and end of each frame
     starts = [float(s) - float(stamps[0, 0]) for s in stamps[:, 0]]
-    if any(b < a for a, b in zip(starts, starts[1:], strict=False)):  # timestamps unusable: fall back to the rate
+    if any(
+        b < a for a, b in zip(starts, starts[1:], strict=False)
+    ):  # timestamps unusable: fall back to the rate
         starts = [i / native_fps for i in range(total)]
         return starts, total / native_fps
     last_length = float(stamps[-1, 1] - stamps[-1, 0])
