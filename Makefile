@@ -33,7 +33,7 @@ demo: $(STAMP)
 	$(PY) -m video_grpo.plot train --run_dir $(DEMO_OUT)
 	OMP_NUM_THREADS=2 $(PY) scripts/demo_flash.py report --out outputs/demo_flash --run_dir $(DEMO_OUT)
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest
 
 # Everything but the multi-process launches, benchmarks and the learning run.
