@@ -54,8 +54,8 @@ DEFAULT_ANSWER_TEMPLATE = (
 def render_answer(template: str, start: float, end: float, sentence: str = "", decimals: int = 1) -> str:
     """``template`` with ``{start}``/``{end}`` (seconds, ``decimals`` places) and ``{sentence}`` filled in.
 
-    SFT writes 1 decimal (its historical target). A guided answer should use 2, the precision the prompt
-    asks for, so that its IoU with the annotation is 1 up to rounding of the annotation itself."""
+    The SFT target and gt_guidance's guided answer both use ``configs.ANSWER_DECIMALS`` (1), so a guided answer
+    is written the way the policy writes its own answers."""
     return template.format(
         start=f"{float(start):.{decimals}f}", end=f"{float(end):.{decimals}f}", sentence=sentence
     )
