@@ -61,6 +61,15 @@ QWEN_TOKENS = {
     "bos_token_id": 151643,
     "eos_token_id": 151645,
 }
+# placeholder and special ids inside a 4,096-token vocabulary (the small-vocabulary widths, synthetic prompts)
+SMALL_VOCAB_TOKENS = {
+    "image_token_id": 4090,
+    "video_token_id": 4091,
+    "vision_start_token_id": 4092,
+    "vision_end_token_id": 4093,
+    "bos_token_id": 4094,
+    "eos_token_id": 4095,
+}
 WIDTHS = {
     "3b": {
         "hidden_size": 2048,
@@ -96,27 +105,6 @@ WIDTHS = {
         "rope_theta": 1000000.0,
         "vision": {"hidden_size": 320, "intermediate_size": 855, "num_heads": 4},
     },
-    # the scaling table: 512 wide, and a small vocabulary so that the LM head (the same on both sides) does not
-    # dominate a 1-layer model's step and hide how the prompt's share grows (a synthetic prompt)
-    "scaling": {
-        "hidden_size": 512,
-        "intermediate_size": 2752,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 1,
-        "vocab_size": 4096,
-        "tie_word_embeddings": True,
-        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
-        "rope_theta": 1000000.0,
-        "vision": {"hidden_size": 320, "intermediate_size": 855, "num_heads": 4},
-        "tokens": {
-            "image_token_id": 4090,
-            "video_token_id": 4091,
-            "vision_start_token_id": 4092,
-            "vision_end_token_id": 4093,
-            "bos_token_id": 4094,
-            "eos_token_id": 4095,
-        },
-    },
     # --quick: seconds per side, a synthetic prompt in a small vocabulary
     "quick": {
         "hidden_size": 128,
@@ -128,16 +116,12 @@ WIDTHS = {
         "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]},
         "rope_theta": 1000000.0,
         "vision": {"hidden_size": 64, "intermediate_size": 171, "num_heads": 2},
-        "tokens": {
-            "image_token_id": 4090,
-            "video_token_id": 4091,
-            "vision_start_token_id": 4092,
-            "vision_end_token_id": 4093,
-            "bos_token_id": 4094,
-            "eos_token_id": 4095,
-        },
+        "tokens": SMALL_VOCAB_TOKENS,
     },
 }
+# the scaling table: "narrow" with a small vocabulary, so that the LM head (the same on both sides) does not
+# dominate a 1-layer model's step and hide how the prompt's share grows (a synthetic prompt)
+WIDTHS["scaling"] = {**WIDTHS["narrow"], "vocab_size": 4096, "tokens": SMALL_VOCAB_TOKENS}
 REFERENCE_FILES = {"3b": REFERENCE / "3B" / "config.json", "7b": REFERENCE / "config.json"}
 
 
