@@ -183,31 +183,65 @@ def render_flash(path: Path, task: FlashTask, start: float, end: float, colour: 
         raise RuntimeError(f"ffmpeg failed while writing {path}")
 
 
+FLASH_KINDS = ("event", "whole", "mislabelled")
+
+
 def make_flash_split(
-    out: Path, split: str, count: int, seed: int, task: FlashTask = FlashTask()
+    out: Path, split: str, count: int, seed: int, task: FlashTask = FlashTask(), kind: str = "event"
 ) -> list[dict]:
-    """Write ``count`` videos and ``<out>/<split>.jsonl``; the same seed gives the same spans and colours."""
+    """Write ``count`` videos and ``<out>/<split>.jsonl``; the same seed gives the same spans and colours.
+
+    ``kind`` sets how hard a query is, for curation (``video_grpo.learning_curation``):
+
+    - ``event``: the task's event, annotated where it happens;
+    - ``whole``: the screen is lit from the first frame to the last, annotated ``[0, duration]``: a query a model
+      that has seen such videos answers exactly every time (all rewards in its group equal, near 1);
+    - ``mislabelled``: the task's event, annotated with a span of the same length that does not overlap it, as a
+      wrong annotation in a real dataset: a model that looks is never rewarded (all rewards in its group 0).
+    """
+    if kind not in FLASH_KINDS:
+        raise ValueError(f"make_flash_split: kind must be one of {FLASH_KINDS}, got {kind!r}")
     rng = random.Random(seed)
     video_dir = out / "videos"
     video_dir.mkdir(parents=True, exist_ok=True)
     records = []
     for i in range(count):
         vid = f"{split}_{i:03d}"
-        start, end = task.span(rng)
+        start, end = (0.0, task.duration) if kind == "whole" else task.span(rng)
         colour = rng.choice(sorted(COLOURS))
         render_flash(video_dir / f"{vid}.mp4", task, start, end, colour)
+        solution = [start, end] if kind != "mislabelled" else list(disjoint_span(rng, task, start, end))
         records.append(
             {
                 "id": vid,
                 "video": f"videos/{vid}.mp4",
                 "duration": task.duration,
-                "solution": [start, end],
+                "solution": solution,
                 "sentence": f"the screen turns {colour}",
             }
         )
-    with open(out / f"{split}.jsonl", "w") as f:
-        f.writelines(json.dumps(record) + "\n" for record in records)
+    write_jsonl(out / f"{split}.jsonl", records)
     return records
+
+
+def disjoint_span(rng: random.Random, task: FlashTask, start: float, end: float) -> tuple[float, float]:
+    """A span as long as ``[start, end]`` that does not overlap it (0.1-s steps), before or after it."""
+    length = round(end - start, 1)
+    before = [round(k / 10, 1) for k in range(int(round((start - length) * 10)) + 1)]
+    after = [
+        round(k / 10, 1) for k in range(int(round(end * 10)), int(round((task.duration - length) * 10)) + 1)
+    ]
+    if not before + after:
+        raise ValueError(
+            f"disjoint_span: no {length}-s span in {task.duration} s avoids [{start}, {end}]; use shorter events"
+        )
+    first = rng.choice(before + after)
+    return first, round(first + length, 1)
+
+
+def write_jsonl(path: Path, records: list[dict]) -> None:
+    with open(path, "w") as f:
+        f.writelines(json.dumps(record) + "\n" for record in records)
 
 
 def temporal_iou(a: tuple[float, float], b: tuple[float, float]) -> float:
