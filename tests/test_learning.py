@@ -36,9 +36,14 @@ def test_grpo_learns_to_look_and_plain_trl_does_not():
     # Guidance: measured on the policy's own answers, which must still score (a collapsed policy would not).
     guidance = lines["gt_guidance_gain"]
     assert guidance["steps"] == lines["learning_iou"]["steps"] and guidance["ours"] > 0.1, guidance
-    # Curation: a numeric signal ratio (both runs had within-group spread), over the same steps, each evaluated.
+    # Curation, on a pool with a spread of difficulty: the start always solves the whole-screen queries and never
+    # the mislabelled ones (curate's band drops both), and training on the curated queries has more spread within
+    # its groups and fewer flat groups than training on the whole pool, over the same steps.
     curation = lines["curation_signal"]
-    assert curation["ratio"] is not None and curation["baseline"] > 0, curation
+    kinds = curation["by_kind"]
+    assert kinds["whole"]["too_easy"] >= 0.75 * 32 and kinds["mislabelled"]["too_hard"] >= 0.5 * 32, curation
+    assert kinds["event"]["kept"] >= 0.75 * 128, curation  # the task's own queries mostly stay
     assert curation["groups"] == curation["steps"] * 8, curation  # 8 prompts per step, every group counted
-    assert 0 <= curation["flat_groups_curated"] <= 1 and 0 <= curation["flat_groups_whole"] <= 1, curation
+    assert curation["ratio"] is not None and curation["ratio"] > 1, curation
+    assert curation["flat_groups_curated"] < curation["flat_groups_whole"], curation
     assert curation["test_miou_curated"] > 0 and curation["test_miou_whole"] > 0, curation

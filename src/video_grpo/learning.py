@@ -15,8 +15,8 @@ Reported (JSON lines, the benchmark schema):
   span that scores best on the training set;
 - ``gt_guidance_gain``: mean IoU reward of the policy's own answers over the last 20% of steps, with
   ground-truth-guided groups and TempSamp shaping vs without;
-- ``curation_signal``: the mean within-group std of the IoU reward, training on the curated vs the whole training
-  set for the same steps (with the share of flat groups, std < ``FLAT_STD``, and the test mIoU after each).
+- ``curation_signal``: the mean within-group std of the IoU reward, training on the curated vs the whole of a pool
+  with a spread of difficulty, for the same steps (:mod:`video_grpo.learning_curation`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from video_grpo.synthetic import FlashTask
 class Budget:
     """Sizes of one benchmark run. The quick one keeps the task and the cold start (the same 128 training videos:
     whether 100 SFT steps make the tiny model look depends on them; on 96 videos it did not), with fewer test
-    queries and GRPO steps, and leaves out the guidance and curation runs (``guided_steps`` / ``curation_steps`` 0)."""
+    queries and GRPO steps, and leaves out the guidance and curation runs (``guided_steps`` 0, ``curate`` off)."""
 
     task: FlashTask
     train: int
@@ -44,14 +44,12 @@ class Budget:
     sft_steps: int
     grpo_steps: int
     guided_steps: int
-    curation_steps: int
-    curation_samples: int = 4
+    curate: bool
 
 
 TASK = FlashTask(size=28, clock=True)  # continuous spans, 2-4 s anywhere in 16 s
-FULL = Budget(TASK, train=128, test=160, sft_steps=100, grpo_steps=80, guided_steps=80, curation_steps=20)
-FLAT_STD = 0.05  # a group whose IoU rewards spread less than this gives GRPO (almost) no signal
-QUICK = Budget(TASK, train=128, test=96, sft_steps=100, grpo_steps=40, guided_steps=0, curation_steps=0)
+FULL = Budget(TASK, train=128, test=160, sft_steps=100, grpo_steps=80, guided_steps=80, curate=True)
+QUICK = Budget(TASK, train=128, test=96, sft_steps=100, grpo_steps=40, guided_steps=0, curate=False)
 
 
 def fifth_means(values: list[float]) -> tuple[float, float]:
@@ -64,27 +62,9 @@ def series(history: list[dict], key: str) -> list[float]:
     return [float(e[key]) for e in history if key in e]
 
 
-def curated_subset(
-    model_dir: Path, train, ids: list[str], samples: int, band: tuple[float, float]
-) -> list[int]:
-    """``video_grpo.curate``'s rule on the starting model: sample it ``samples`` times per training query and keep
-    the queries whose mean IoU is inside ``band``."""
-    from video_grpo.curate import assign_status, query_stats
-
-    records = runs.answers(
-        model_dir, train, do_sample=True, temperature=runs.GRPO_SETTINGS["temperature"], repeats=samples
-    )
-    queries: dict[str, dict] = {}
-    for record in records:
-        queries.setdefault(record["id"], {"id": record["id"], "solution": record["solution"], "outputs": []})
-        queries[record["id"]]["outputs"].append(record["output"])
-    stats = assign_status([query_stats(q) for q in queries.values()], *band)
-    kept = {s["id"] for s in stats if s["status"] == "kept"}
-    return [i for i, query_id in enumerate(ids) if query_id in kept]
-
-
 def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> dict:
     from video_grpo.data import build_dataset
+    from video_grpo.learning_curation import run_curation
     from video_grpo.learning_plots import plot_learning
     from video_grpo.synthetic import best_fixed_span, make_flash_split, temporal_iou
     from video_grpo.tiny import build_tiny_model
@@ -128,20 +108,6 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> d
             if budget.guided_steps
             else []
         )
-        if budget.curation_steps:
-            ids = [r["id"] for r in train_records]
-            kept = curated_subset(start, train, ids, budget.curation_samples, band=(0.05, 0.95))
-            spread = {"curated": [], "whole": []}
-            runs.grpo(
-                start,
-                train.select(kept),
-                work / "curated",
-                budget.curation_steps,
-                group_stds=spread["curated"],
-            )
-            runs.grpo(start, train, work / "whole", budget.curation_steps, group_stds=spread["whole"])
-            curation_test = {name: runs.test_metrics(work / name, test)["mIoU"] for name in spread}
-
     ious = series(ours, "rewards/iou_reward/mean")
     first, last = fifth_means(ious)
     ours_gain, plain_gain = after["mIoU"] - before["mIoU"], plain_after["mIoU"] - before["mIoU"]
@@ -208,25 +174,8 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> d
             steps=len(sampled),
             goal="ratio > 1",
         )
-    if budget.curation_steps:
-        mean_std = {name: sum(v) / len(v) for name, v in spread.items()}
-        flat = {name: sum(x < FLAT_STD for x in v) / len(v) for name, v in spread.items()}
-        results["curation"] = emit(
-            "curation_signal",
-            mean_std["curated"],
-            mean_std["whole"],
-            "mean within-group std of the IoU reward over GRPO steps: curated vs whole training set",
-            flat_groups_curated=round(flat["curated"], 4),
-            flat_groups_whole=round(flat["whole"], 4),
-            flat_below=FLAT_STD,
-            test_miou_curated=round(curation_test["curated"], 3),
-            test_miou_whole=round(curation_test["whole"], 3),
-            kept=len(kept),
-            of=len(train),
-            steps=budget.curation_steps,
-            groups=len(spread["whole"]),
-            goal="ratio >= 1.2",
-        )
+    if budget.curate:
+        results["curation"] = run_curation(work, data, train_records, budget.task, start, test, emit)
     emit("learning_wall_time", time.perf_counter() - started, 15 * 60, "s (ours) vs the 15-minute budget")
     curves = {
         "ours": ours,
@@ -303,24 +252,13 @@ def main() -> int:
 
     import torch
 
+    from video_grpo.bench import emit
+
     parser = argparse.ArgumentParser(
         description="gt_guidance_gain for each TempSamp-R1 variant (about 8 minutes)."
     )
     parser.add_argument("command", choices=["guidance-variants"])
-    args = parser.parse_args()
-    del args
-
-    def emit(name, ours, baseline, unit, **extra):
-        line = {
-            "name": name,
-            "ours": round(ours, 4),
-            "baseline": round(baseline, 4),
-            "ratio": round(ours / baseline, 4) if baseline else None,
-            "unit": unit,
-            **extra,
-        }
-        print(json.dumps(line), flush=True)
-        return line
+    parser.parse_args()
 
     from transformers.utils import logging as hf_logging
 
