@@ -18,50 +18,20 @@ import time
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+from video_grpo.bench_prefix import published_config
 from video_grpo.encoder import install
 
-# Qwen2.5-VL-3B-Instruct's config.json (text and vision dimensions that set the compute).
-QWEN_3B = {
-    "text_config": {
-        "vocab_size": 151936,
-        "hidden_size": 2048,
-        "intermediate_size": 11008,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 128000,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
-        "tie_word_embeddings": True,
-    },
-    "vision_config": {
-        "depth": 32,
-        "hidden_size": 1280,
-        "intermediate_size": 3420,
-        "num_heads": 16,
-        "out_hidden_size": 2048,
-        "patch_size": 14,
-        "temporal_patch_size": 2,
-        "spatial_merge_size": 2,
-        "window_size": 112,
-        "fullatt_block_indexes": [7, 15, 23, 31],
-        "tokens_per_second": 2,
-    },
-    "image_token_id": 151655,
-    "video_token_id": 151656,
-    "vision_start_token_id": 151652,
-    "vision_end_token_id": 151653,
-}
-TINY = {
-    "text_config": {
-        **QWEN_3B["text_config"],
-        "vocab_size": 151936,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
-    },
+# Qwen2.5-VL-3B-Instruct's config.json (the reference file when present, else bench_prefix's literal widths).
+QWEN_3B = published_config("3b")[0]
+TINY = {  # the same layout at toy widths, for a CPU smoke run
+    **QWEN_3B,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rope_theta": 10000.0,
+    "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
     "vision_config": {
         **QWEN_3B["vision_config"],
         "depth": 2,

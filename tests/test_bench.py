@@ -119,3 +119,21 @@ def test_shared_prompt_gpu_entry_smoke_runs_on_cpu():
         "generation_time_shared_prefill",
     ]
     assert all(line["ours"] > 0 and line["baseline"] > 0 for line in lines)
+
+
+@pytest.mark.parametrize("widths", ["3b", "7b"])
+def test_literal_widths_match_the_published_configs(widths):
+    """bench_prefix's literal widths (used by bench perf, scripts/bench_gpu.py and test_real_widths when
+    ../shared/reference is absent) are the published config.json's."""
+    from video_grpo.bench_prefix import REFERENCE_FILES, published_config
+
+    if not REFERENCE_FILES[widths].is_file():
+        pytest.skip(f"{REFERENCE_FILES[widths]} is absent")
+    published, origin = published_config(widths)
+    literal, literal_origin = published_config(widths, reference=False)
+    assert origin.endswith("config.json") and literal_origin == "literal"
+    keys = [k for k in literal if k not in ("vision_config", "rope_scaling", "model_type")]
+    assert {k: literal[k] for k in keys} == {k: published[k] for k in keys}
+    assert literal["rope_scaling"]["mrope_section"] == published["rope_scaling"]["mrope_section"]
+    vision = literal["vision_config"]
+    assert vision == {k: published["vision_config"][k] for k in vision}

@@ -51,6 +51,7 @@ import trl.trainer.utils
 from transformers import AutoProcessor, GenerationConfig
 from trl import GRPOConfig
 
+from video_grpo.bench_prefix import published_config
 from video_grpo.configs import script_args_from_yaml
 from video_grpo.data import build_dataset
 from video_grpo.families import FAMILIES
@@ -68,46 +69,6 @@ QWEN_DIR = REFERENCE / "qwen2_5_vl"
 USE_REFERENCE = (QWEN_DIR / "vocab.json").is_file() and not os.environ.get("VIDEO_GRPO_NO_REFERENCE")
 TEXT_LAYERS, VISION_LAYERS = 2, 2  # the depth cut (see above); the widths are the published ones
 FRAMES = 8  # a 4 s clip at 2 fps
-
-# Qwen2.5-VL-3B-Instruct, hub config.json: the fields used here, as in ../shared/reference/qwen2_5_vl/3B/config.json
-# (see ../shared/reference/SOURCES.md; the file is read instead of this literal whenever it is present).
-QWEN2_5_VL_3B = {
-    "model_type": "qwen2_5_vl",
-    "hidden_size": 2048,
-    "intermediate_size": 11008,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 2,
-    "vocab_size": 151936,
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 128000,
-    "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000.0,
-    "hidden_act": "silu",
-    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "vision_start_token_id": 151652,
-    "vision_end_token_id": 151653,
-    "image_token_id": 151655,
-    "video_token_id": 151656,
-    "vision_config": {
-        "depth": 32,
-        "hidden_act": "silu",
-        "hidden_size": 1280,
-        "intermediate_size": 3420,
-        "num_heads": 16,
-        "in_chans": 3,
-        "out_hidden_size": 2048,
-        "patch_size": 14,
-        "spatial_merge_size": 2,
-        "spatial_patch_size": 14,
-        "window_size": 112,
-        "fullatt_block_indexes": [7, 15, 23, 31],
-        "tokens_per_second": 2,
-        "temporal_patch_size": 2,
-    },
-}
 
 # Qwen3-VL-2B-Instruct. No copy of its hub config.json with a citable repository and path was found offline.
 # - Text (2048 hidden, 6144 MLP, 28 layers, 16 heads / 8 kv of 128, 151,936 vocab, tied, theta 5e6, interleaved
@@ -330,10 +291,9 @@ def qwen2_5_vl_model(reference_dir):
     8th of 32)."""
     import transformers
 
-    config_file = QWEN_DIR / "3B" / "config.json"
-    published = (
-        json.loads(config_file.read_text()) if USE_REFERENCE and config_file.is_file() else QWEN2_5_VL_3B
-    )
+    # Qwen2.5-VL-3B-Instruct's config.json (../shared/reference/qwen2_5_vl/3B, see SOURCES.md), else the same
+    # widths as bench_prefix's literal
+    published, _ = published_config("3b", reference=USE_REFERENCE)
     published = {
         **published,
         "num_hidden_layers": TEXT_LAYERS,

@@ -125,25 +125,32 @@ WIDTHS["scaling"] = {**WIDTHS["narrow"], "vocab_size": 4096, "tokens": SMALL_VOC
 REFERENCE_FILES = {"3b": REFERENCE / "3B" / "config.json", "7b": REFERENCE / "config.json"}
 
 
+def published_config(widths: str, reference: bool = True) -> tuple[dict, str]:
+    """Qwen2.5-VL config.json values at ``widths``, full depth, and where they came from: the file in
+    ``REFERENCE`` when ``reference`` and it is present, else the literals above. The one source of the 3B and 7B
+    widths for this module, ``scripts/bench_gpu.py`` and ``tests/test_real_widths.py``."""
+    source = REFERENCE_FILES.get(widths)
+    if reference and source is not None and source.is_file():
+        values = json.loads(source.read_text())
+        values.pop("architectures", None)
+        return values, str(source.relative_to(REPO.parent))
+    spec = dict(WIDTHS[widths])
+    vision = {**QWEN_VISION, **spec.pop("vision", {}), "out_hidden_size": spec["hidden_size"]}
+    values = {
+        **QWEN_TOKENS,
+        **spec.pop("tokens", {}),
+        **spec,
+        "model_type": "qwen2_5_vl",
+        "vision_config": vision,
+    }
+    return values, "literal" if widths in REFERENCE_FILES else f"{widths} (narrower than 3B)"
+
+
 def model_config(widths: str, text_layers: int = 1, vision_layers: int = 1):
     """A Qwen2.5-VL config at ``widths`` with the depth cut to ``text_layers`` + ``vision_layers``."""
     from transformers import Qwen2_5_VLConfig
 
-    source = REFERENCE_FILES.get(widths)
-    if source is not None and source.is_file():
-        values = json.loads(source.read_text())
-        origin = str(source.relative_to(REPO.parent))
-    else:
-        spec = dict(WIDTHS[widths])
-        vision = {**QWEN_VISION, **spec.pop("vision", {})}
-        values = {
-            **QWEN_TOKENS,
-            **spec.pop("tokens", {}),
-            **spec,
-            "model_type": "qwen2_5_vl",
-            "vision_config": vision,
-        }
-        origin = "literal" if widths in REFERENCE_FILES else f"{widths} (narrower than 3B)"
+    values, origin = published_config(widths)
     values["num_hidden_layers"] = text_layers
     values["vision_config"] = {
         **values["vision_config"],
@@ -151,7 +158,6 @@ def model_config(widths: str, text_layers: int = 1, vision_layers: int = 1):
         "fullatt_block_indexes": [vision_layers - 1],
         "out_hidden_size": values["hidden_size"],
     }
-    values.pop("architectures", None)
     config = Qwen2_5_VLConfig(**values)
     config._attn_implementation = "sdpa"
     return config, origin
