@@ -46,9 +46,10 @@ def stateful_layers(config) -> list[str]:
 
 def unsupported_reason(config, attn_implementation: str | None = None) -> str | None:
     """Why a packed shared-prefix forward cannot be exact for this model and attention backend, or None."""
-    if stateful_layers(config):
+    stateful = stateful_layers(config)
+    if stateful:
         return (
-            f"{config.model_type} has {stateful_layers(config)} layers (Gated DeltaNet), which carry a state "
+            f"{config.model_type} has {stateful} layers (Gated DeltaNet), which carry a state "
             "along the sequence, so in a packed row one answer would read another through it"
         )
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
