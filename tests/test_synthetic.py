@@ -58,6 +58,6 @@ def test_disjoint_span_same_length_never_overlaps():
         other = disjoint_span(rng, TASK, start, end)
         assert temporal_iou(other, (start, end)) == 0.0
         assert abs((other[1] - other[0]) - (end - start)) < 1e-6
-        assert 0.0 <= other[0] and other[1] <= TASK.duration
+        assert other[0] >= 0.0 and other[1] <= TASK.duration
     with pytest.raises(ValueError, match="shorter events"):
         disjoint_span(rng, FlashTask(min_length=9.0, max_length=10.0), 3.0, 13.0)
