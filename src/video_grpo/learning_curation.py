@@ -16,8 +16,8 @@ per query, keep mean IoU in ``BAND``), then GRPO for the same number of steps on
 whole pool, and report the mean within-group std of the IoU reward (``curation_signal``), the share of flat
 groups (std < ``FLAT_STD``), and each run's test mIoU.
 
-``python -m video_grpo.learning_curation`` runs this row alone (about 4 minutes); ``bench learning`` runs it
-with the rest.
+``python -m video_grpo.learning_curation`` runs this row alone (about 1 minute on 2 idle cores); ``bench learning``
+runs it with the rest.
 """
 
 from __future__ import annotations
@@ -161,7 +161,8 @@ def main() -> int:
     from video_grpo.tiny import build_tiny_model
 
     parser = argparse.ArgumentParser(
-        description="The learning benchmark's curation_signal row alone, from its cold start (about 5 minutes)."
+        description="The learning benchmark's curation_signal row alone, from its cold start "
+        "(about 1 minute on 2 idle cores)."
     )
     parser.add_argument(
         "--work_dir", default=None, help="keep the videos and checkpoints here (default: a temp dir)"
