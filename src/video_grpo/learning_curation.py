@@ -36,24 +36,31 @@ KINDS = ("event", "whole", "mislabelled")
 
 @dataclass(frozen=True)
 class CurationBudget:
-    """Sizes of the curation row: ``extra`` videos of each added kind, the further SFT, the samples per query
-    the band is computed from, and the GRPO steps each side runs."""
+    """Sizes of the curation row: ``extra`` videos of each added kind (generator seeds ``pool_seed`` and
+    ``pool_seed + 1``), the further SFT, the samples per query the band is computed from, and the GRPO steps each
+    side runs (trainer seed ``grpo_seed``)."""
 
     extra: int = 32
+    pool_seed: int = 12
+    grpo_seed: int = 0
     start_sft_steps: int = 60
     samples: int = 4
     steps: int = 20
 
 
-def make_pool(data: Path, train_records: list[dict], task, extra: int) -> dict[str, list[dict]]:
+def make_pool(
+    data: Path, train_records: list[dict], task, extra: int, seed: int = 12
+) -> dict[str, list[dict]]:
     """Write the ``whole`` and ``mislabelled`` videos next to the training ones, and ``pool.jsonl`` (every kind)
     and ``curation_sft.jsonl`` (``event`` and ``whole``). Returns the records by kind."""
     from video_grpo.synthetic import make_flash_split, write_jsonl
 
     kinds = {
         "event": train_records,
-        "whole": make_flash_split(data, "whole", extra, seed=12, task=task, kind="whole"),
-        "mislabelled": make_flash_split(data, "mislabelled", extra, seed=13, task=task, kind="mislabelled"),
+        "whole": make_flash_split(data, "whole", extra, seed=seed, task=task, kind="whole"),
+        "mislabelled": make_flash_split(
+            data, "mislabelled", extra, seed=seed + 1, task=task, kind="mislabelled"
+        ),
     }
     write_jsonl(data / "pool.jsonl", [r for kind in KINDS for r in kinds[kind]])
     write_jsonl(data / "curation_sft.jsonl", kinds["event"] + kinds["whole"])
@@ -92,7 +99,7 @@ def run_curation(
     def dataset(name: str):
         return build_dataset(data / f"{name}.jsonl", sampling=runs.SAMPLING, prompt_template=runs.PROMPT)
 
-    kinds = make_pool(data, train_records, task, budget.extra)
+    kinds = make_pool(data, train_records, task, budget.extra, budget.pool_seed)
     kind_of = {r["id"]: kind for kind in KINDS for r in kinds[kind]}
     pool = dataset("pool")
     spread: dict[str, list[float]] = {"curated": [], "whole": []}
@@ -105,10 +112,15 @@ def run_curation(
         kept = [
             i for i, query_id in enumerate(kind_of) if query_id in kept_ids
         ]  # kind_of: pool.jsonl's order
-        runs.grpo(
-            curation_start, pool.select(kept), work / "curated", budget.steps, group_stds=spread["curated"]
-        )
-        runs.grpo(curation_start, pool, work / "whole", budget.steps, group_stds=spread["whole"])
+        for name, rows in (("curated", pool.select(kept)), ("whole", pool)):
+            runs.grpo(
+                curation_start,
+                rows,
+                work / name,
+                budget.steps,
+                group_stds=spread[name],
+                seed=budget.grpo_seed,
+            )
         test_miou = {name: runs.test_metrics(work / name, test)["mIoU"] for name in spread}
         start_miou = runs.test_metrics(curation_start, test)["mIoU"]
     by_kind = {
@@ -142,6 +154,8 @@ def run_curation(
         band=list(BAND),
         by_kind=by_kind,
         steps=budget.steps,
+        pool_seed=budget.pool_seed,
+        grpo_seed=budget.grpo_seed,
         groups=len(spread["whole"]),
         goal="ratio >= 1.2 (or flat_ratio <= 0.8)",
     )
@@ -167,6 +181,10 @@ def main() -> int:
     parser.add_argument(
         "--work_dir", default=None, help="keep the videos and checkpoints here (default: a temp dir)"
     )
+    parser.add_argument("--pool_seed", type=int, default=12, help="generator seed of the added videos")
+    parser.add_argument(
+        "--grpo_seed", type=int, default=0, help="the GRPO trainer's seed (prompt order, sampling)"
+    )
     args = parser.parse_args()
     hf_logging.set_verbosity_error()
     torch.manual_seed(0)
@@ -182,7 +200,8 @@ def main() -> int:
         model = build_tiny_model(work / "tiny", **runs.MODEL_SIZE)
         with contextlib.redirect_stdout(sys.stderr):
             start = runs.sft(model, dataset("train"), work / "sft", steps=FULL.sft_steps)
-        run_curation(work, data, train_records, FULL.task, start, dataset("test"), emit)
+        budget = CurationBudget(pool_seed=args.pool_seed, grpo_seed=args.grpo_seed)
+        run_curation(work, data, train_records, FULL.task, start, dataset("test"), emit, budget)
     return 0
 
 

@@ -197,6 +197,7 @@ def grpo(
     save: bool = True,
     guidance_options: dict | None = None,
     group_stds: list[float] | None = None,
+    seed: int = GRPO_SETTINGS["seed"],
     **trainer_kwargs,
 ) -> list[dict]:
     """GRPO with the ``iou`` and ``format`` rewards from ``model_dir``; returns the per-step log.
@@ -204,7 +205,8 @@ def grpo(
     ``plain``: TRL's own ``GRPOTrainer``, fed the frames in the prompt; otherwise ``VideoGRPOTrainer``
     (``trainer_kwargs``: its options, e.g. ``gt_guidance``; ``guidance_options``: see :func:`guidance_variant`).
     Same config either way. ``group_stds``: if given, the IoU reward's std within every group of every step is
-    appended to it (population std over the G answers to one prompt: the spread GRPO's advantages come from)."""
+    appended to it (population std over the G answers to one prompt: the spread GRPO's advantages come from).
+    ``seed``: the trainer's seed (prompt order and sampling)."""
     from transformers import AutoConfig, AutoProcessor
     from trl import GRPOConfig, GRPOTrainer
 
@@ -219,8 +221,9 @@ def grpo(
         trainer_processor.video_processor.size = pixels
     # A sampled <|video_pad|> would break the next forward; a TRL user has to suppress it too.
     suppress = vision_placeholder_ids(AutoConfig.from_pretrained(model_dir))
+    settings = {**GRPO_SETTINGS, "seed": seed}
     args = GRPOConfig(
-        output_dir=str(out), max_steps=steps, generation_kwargs={"suppress_tokens": suppress}, **GRPO_SETTINGS
+        output_dir=str(out), max_steps=steps, generation_kwargs={"suppress_tokens": suppress}, **settings
     )
     trainer_class = GRPOTrainer if plain else VideoGRPOTrainer
     data = with_transform(dataset, FramesInPrompt) if plain else dataset
