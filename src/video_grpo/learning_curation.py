@@ -32,6 +32,7 @@ from video_grpo import learning_runs as runs
 FLAT_STD = 0.05  # a group whose IoU rewards spread less than this gives GRPO (almost) no signal
 BAND = (0.05, 0.95)  # curate's rule: keep a query whose mean sampled IoU lies in [low, high]
 KINDS = ("event", "whole", "mislabelled")
+STATUSES = ("kept", "too_easy", "too_hard")  # curate's verdicts within the band (no cap here)
 
 
 @dataclass(frozen=True)
@@ -109,9 +110,8 @@ def run_curation(
         )
         stats = sampled_stats(curation_start, pool, budget.samples, BAND)
         kept_ids = {s["id"] for s in stats if s["status"] == "kept"}
-        kept = [
-            i for i, query_id in enumerate(kind_of) if query_id in kept_ids
-        ]  # kind_of: pool.jsonl's order
+        pool_ids = list(kind_of)  # pool.jsonl's order
+        kept = [i for i, query_id in enumerate(pool_ids) if query_id in kept_ids]
         for name, rows in (("curated", pool.select(kept)), ("whole", pool)):
             runs.grpo(
                 curation_start,
@@ -123,18 +123,11 @@ def run_curation(
             )
         test_miou = {name: runs.test_metrics(work / name, test)["mIoU"] for name in spread}
         start_miou = runs.test_metrics(curation_start, test)["mIoU"]
-    by_kind = {
-        kind: {
-            status: sum(s["status"] == status for s in stats if kind_of[s["id"]] == kind)
-            for status in ("kept", "too_easy", "too_hard")
-        }
-        | {
-            "mean_iou": round(
-                sum(s["mean_iou"] for s in stats if kind_of[s["id"]] == kind) / len(kinds[kind]), 3
-            )
-        }
-        for kind in KINDS
-    }
+    by_kind = {}
+    for kind in KINDS:
+        of_kind = [s for s in stats if kind_of[s["id"]] == kind]
+        by_kind[kind] = {status: sum(s["status"] == status for s in of_kind) for status in STATUSES}
+        by_kind[kind]["mean_iou"] = round(sum(s["mean_iou"] for s in of_kind) / len(of_kind), 3)
     mean_std = {name: sum(v) / len(v) for name, v in spread.items()}
     flat = {name: sum(x < FLAT_STD for x in v) / len(v) for name, v in spread.items()}
     return emit(
