@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from video_grpo import learning_runs as runs
+from video_grpo.annotations import write_jsonl
 from video_grpo.learning import FULL
 from video_grpo.synthetic import best_fixed_span, make_flash_split, temporal_iou
 
@@ -55,7 +56,7 @@ def prepare(out: Path, seed: int) -> None:
 
 def _write(records: list[dict], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_jsonl(path, records)
     return path
 
 

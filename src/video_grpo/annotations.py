@@ -85,6 +85,12 @@ def iter_jsonl_objects(path: str | Path, error: type[ValueError] = AnnotationErr
             yield line_no, where, record
 
 
+def write_jsonl(path: str | Path, records) -> None:
+    """One JSON object per line, the format every reader here takes."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(record) + "\n" for record in records)
+
+
 def _read_jsonl_lines(path: Path):
     for _, where, record in iter_jsonl_objects(path):
         yield where, record

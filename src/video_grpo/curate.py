@@ -44,7 +44,7 @@ import os
 import sys
 from pathlib import Path
 
-from video_grpo.annotations import iter_jsonl_objects
+from video_grpo.annotations import iter_jsonl_objects, write_jsonl
 from video_grpo.evaluate import parse_prediction, query_iou
 
 STATUSES = ("kept", "too_hard", "too_easy", "capped")
@@ -242,10 +242,8 @@ def curate_queries(
                     "sentence": query["sentence"],
                 }
             )
-    with open(out / "per_query.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(entry) + "\n" for entry in stats)
-    with open(out / "curated.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(record) + "\n" for record in curated)
+    write_jsonl(out / "per_query.jsonl", stats)
+    write_jsonl(out / "curated.jsonl", curated)
     plot_histogram(stats, out / "mean_iou_hist.png", min_iou, max_iou)
     counts = {status: sum(e["status"] == status for e in stats) for status in STATUSES}
     summary = {

@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from video_grpo import prefill
+from video_grpo.annotations import write_jsonl
 from video_grpo.families import detect_family, family_of_model
 from video_grpo.prefix import stateful_layers
 from video_grpo.processing import encode_rows, generation_inputs, vision_placeholder_ids
@@ -279,8 +280,7 @@ def merge_parts(
         merged[(query_id, j)] for query_id in ids for j in range(num_samples) if (query_id, j) in merged
     ]
     tmp = out_dir / f"{prefix}.jsonl.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in ordered)
+    write_jsonl(tmp, ordered)
     tmp.replace(out_dir / f"{prefix}.jsonl")
     for path in out_dir.glob(f"{prefix}.rank*.jsonl"):
         path.unlink()

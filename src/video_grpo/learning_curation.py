@@ -54,7 +54,8 @@ def make_pool(
 ) -> dict[str, list[dict]]:
     """Write the ``whole`` and ``mislabelled`` videos next to the training ones, and ``pool.jsonl`` (every kind)
     and ``curation_sft.jsonl`` (``event`` and ``whole``). Returns the records by kind."""
-    from video_grpo.synthetic import make_flash_split, write_jsonl
+    from video_grpo.annotations import write_jsonl
+    from video_grpo.synthetic import make_flash_split
 
     kinds = {
         "event": train_records,

@@ -8,13 +8,14 @@ deterministic for a seed (the mp4 bytes depend on the ffmpeg build). Used for ``
 
 from __future__ import annotations
 
-import json
 import random
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from video_grpo.annotations import write_jsonl
 
 COLOURS = {
     "red": (220, 40, 40),
@@ -108,9 +109,7 @@ def make_split(out: Path, split: str, count: int, seed: int, min_dur: float, max
                 "sentence": f"a {colour} {shape} moves across the screen",
             }
         )
-    with open(out / f"{split}.jsonl", "w") as f:
-        for record in records:
-            f.write(json.dumps(record) + "\n")
+    write_jsonl(out / f"{split}.jsonl", records)
     return records
 
 
@@ -237,11 +236,6 @@ def disjoint_span(rng: random.Random, task: FlashTask, start: float, end: float)
         )
     first = rng.choice(before + after)
     return first, round(first + length, 1)
-
-
-def write_jsonl(path: Path, records: list[dict]) -> None:
-    with open(path, "w") as f:
-        f.writelines(json.dumps(record) + "\n" for record in records)
 
 
 def temporal_iou(a: tuple[float, float], b: tuple[float, float]) -> float:
