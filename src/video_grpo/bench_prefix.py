@@ -156,7 +156,6 @@ def model_config(widths: str, text_layers: int = 1, vision_layers: int = 1):
         **values["vision_config"],
         "depth": vision_layers,
         "fullatt_block_indexes": [vision_layers - 1],
-        "out_hidden_size": values["hidden_size"],
     }
     config = Qwen2_5_VLConfig(**values)
     config._attn_implementation = "sdpa"
