@@ -35,7 +35,6 @@ def split_seeds(seed: int) -> tuple[int, int]:
 
 
 def prepare(out: Path, seed: int) -> None:
-    from video_grpo.data import build_dataset
     from video_grpo.tiny import build_tiny_model
 
     started = time.perf_counter()
@@ -44,7 +43,7 @@ def prepare(out: Path, seed: int) -> None:
     make_flash_split(data, "train", TRAIN, seed=train_seed, task=FULL.task)
     make_flash_split(data, "test", TEST, seed=test_seed, task=FULL.task)
     made = time.perf_counter()
-    train = build_dataset(data / "train.jsonl", sampling=runs.SAMPLING, prompt_template=runs.PROMPT)
+    train = runs.task_dataset(data / "train.jsonl")
     model = build_tiny_model(out / "tiny", seed=seed, **runs.MODEL_SIZE)
     with contextlib.redirect_stdout(sys.stderr):
         runs.sft(model, train, out / "sft", steps=SFT_STEPS, seed=seed)
@@ -61,14 +60,11 @@ def _write(records: list[dict], path: Path) -> Path:
 
 
 def report(out: Path, run_dir: Path) -> None:
-    from video_grpo.data import build_dataset
     from video_grpo.plot import plot_timeline
 
     started = time.perf_counter()
     data = out / "data"
-    test = build_dataset(
-        data / "test.jsonl", sampling=runs.SAMPLING, prompt_template=runs.PROMPT, replace_bad_samples=False
-    )
+    test = runs.task_dataset(data / "test.jsonl", replace_bad_samples=False)
     test_records = [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines()]
     truths = [tuple(r["solution"]) for r in test_records]
     # The reference a video-blind answer cannot beat: the best one span for each metric, picked on the test videos

@@ -62,31 +62,37 @@ def series(history: list[dict], key: str) -> list[float]:
     return [float(e[key]) for e in history if key in e]
 
 
+def cold_start(work: Path, budget: Budget) -> tuple[Path, list[dict], Path]:
+    """The benchmark's training videos (generator seed 10) in ``work/task`` and its SFT cold start from the tiny
+    model: the one checkpoint every comparison starts from. Returns the data folder, the training records and the
+    checkpoint."""
+    from video_grpo.synthetic import make_flash_split
+    from video_grpo.tiny import build_tiny_model
+
+    data = work / "task"
+    train_records = make_flash_split(data, "train", budget.train, seed=10, task=budget.task)
+    model = build_tiny_model(work / "tiny", **runs.MODEL_SIZE)
+    with contextlib.redirect_stdout(sys.stderr):
+        start = runs.sft(model, runs.task_dataset(data / "train.jsonl"), work / "sft", steps=budget.sft_steps)
+    return data, train_records, start
+
+
 def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> dict:
-    from video_grpo.data import build_dataset
     from video_grpo.learning_curation import run_curation
     from video_grpo.learning_plots import plot_learning
     from video_grpo.synthetic import best_fixed_span, make_flash_split, temporal_iou
-    from video_grpo.tiny import build_tiny_model
 
     budget = QUICK if quick else FULL
     started = time.perf_counter()
-    data = work / "task"
-    train_records = make_flash_split(data, "train", budget.train, seed=10, task=budget.task)
+    data, train_records, start = cold_start(work, budget)
     test_records = make_flash_split(data, "test", budget.test, seed=11, task=budget.task)
     fixed = best_fixed_span(train_records)
     fixed_miou = (
         100 * sum(temporal_iou(fixed, tuple(r["solution"])) for r in test_records) / len(test_records)
     )
-
-    def dataset(name: str):
-        return build_dataset(data / f"{name}.jsonl", sampling=runs.SAMPLING, prompt_template=runs.PROMPT)
-
-    train, test = dataset("train"), dataset("test")
-    model = build_tiny_model(work / "tiny", **runs.MODEL_SIZE)
+    train, test = runs.task_dataset(data / "train.jsonl"), runs.task_dataset(data / "test.jsonl")
     steps = budget.grpo_steps
     with contextlib.redirect_stdout(sys.stderr):
-        start = runs.sft(model, train, work / "sft", steps=budget.sft_steps)
         before = runs.test_metrics(start, test)
         before_blank = runs.test_metrics(start, runs.with_transform(test, runs.BlankFrames))
         ours = runs.grpo(start, train, work / "ours", steps)
@@ -206,17 +212,10 @@ GUIDANCE_VARIANTS = {
 def guidance_variants(work: Path, emit, variants: dict[str, dict] = GUIDANCE_VARIANTS) -> dict:
     """``gt_guidance_gain`` for each variant, from the benchmark's task, cold start and unguided run (the same
     seeds, so the same checkpoint and the same unguided log as ``bench learning``)."""
-    from video_grpo.data import build_dataset
-    from video_grpo.synthetic import make_flash_split
-    from video_grpo.tiny import build_tiny_model
-
     budget = FULL
-    data = work / "task"
-    make_flash_split(data, "train", budget.train, seed=10, task=budget.task)
-    train = build_dataset(data / "train.jsonl", sampling=runs.SAMPLING, prompt_template=runs.PROMPT)
-    model = build_tiny_model(work / "tiny", **runs.MODEL_SIZE)
+    data, _, start = cold_start(work, budget)
+    train = runs.task_dataset(data / "train.jsonl")
     with contextlib.redirect_stdout(sys.stderr):
-        start = runs.sft(model, train, work / "sft", steps=budget.sft_steps)
         ours = runs.grpo(start, train, work / "ours", budget.grpo_steps, save=False)
     unguided = fifth_means(series(ours, "rewards/iou_reward/mean"))[1]
     results = {}

@@ -49,9 +49,7 @@ class CurationBudget:
     steps: int = 20
 
 
-def make_pool(
-    data: Path, train_records: list[dict], task, extra: int, seed: int = 12
-) -> dict[str, list[dict]]:
+def make_pool(data: Path, train_records: list[dict], task, extra: int, seed: int) -> dict[str, list[dict]]:
     """Write the ``whole`` and ``mislabelled`` videos next to the training ones, and ``pool.jsonl`` (every kind)
     and ``curation_sft.jsonl`` (``event`` and ``whole``). Returns the records by kind."""
     from video_grpo.annotations import write_jsonl
@@ -96,10 +94,9 @@ def run_curation(
 ) -> dict:
     """The curation row from the benchmark's cold start ``start`` (see the module docstring); emits and returns
     ``curation_signal``."""
-    from video_grpo.data import build_dataset
 
     def dataset(name: str):
-        return build_dataset(data / f"{name}.jsonl", sampling=runs.SAMPLING, prompt_template=runs.PROMPT)
+        return runs.task_dataset(data / f"{name}.jsonl")
 
     kinds = make_pool(data, train_records, task, budget.extra, budget.pool_seed)
     kind_of = {r["id"]: kind for kind in KINDS for r in kinds[kind]}
@@ -163,10 +160,8 @@ def main() -> int:
     from transformers.utils import logging as hf_logging
 
     from video_grpo.bench import emit
-    from video_grpo.data import build_dataset
-    from video_grpo.learning import FULL
+    from video_grpo.learning import FULL, cold_start
     from video_grpo.synthetic import make_flash_split
-    from video_grpo.tiny import build_tiny_model
 
     parser = argparse.ArgumentParser(
         description="The learning benchmark's curation_signal row alone, from its cold start "
@@ -184,18 +179,11 @@ def main() -> int:
     torch.manual_seed(0)
     with contextlib.ExitStack() as stack:
         work = Path(args.work_dir or stack.enter_context(tempfile.TemporaryDirectory()))
-        data = work / "task"
-        train_records = make_flash_split(data, "train", FULL.train, seed=10, task=FULL.task)
+        data, train_records, start = cold_start(work, FULL)
         make_flash_split(data, "test", FULL.test, seed=11, task=FULL.task)
-
-        def dataset(name: str):
-            return build_dataset(data / f"{name}.jsonl", sampling=runs.SAMPLING, prompt_template=runs.PROMPT)
-
-        model = build_tiny_model(work / "tiny", **runs.MODEL_SIZE)
-        with contextlib.redirect_stdout(sys.stderr):
-            start = runs.sft(model, dataset("train"), work / "sft", steps=FULL.sft_steps)
         budget = CurationBudget(pool_seed=args.pool_seed, grpo_seed=args.grpo_seed)
-        run_curation(work, data, train_records, FULL.task, start, dataset("test"), emit, budget)
+        test = runs.task_dataset(data / "test.jsonl")
+        run_curation(work, data, train_records, FULL.task, start, test, emit, budget)
     return 0
 
 

@@ -45,6 +45,13 @@ GRPO_SETTINGS = {
 }
 
 
+def task_dataset(path: Path, **kwargs):
+    """An annotation file of the flash task as the benchmark feeds it: its frame sampling and prompt."""
+    from video_grpo.data import build_dataset
+
+    return build_dataset(path, sampling=SAMPLING, prompt_template=PROMPT, **kwargs)
+
+
 def answers(
     model_dir: Path,
     dataset,
