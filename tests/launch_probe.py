@@ -131,4 +131,7 @@ class ProbeTrainer(entry.VideoGRPOTrainer):
 entry.VideoGRPOTrainer = ProbeTrainer
 
 if __name__ == "__main__":
-    entry.main(*entry.parse_args(sys.argv[1:]))
+    from launch_entry import record_end  # this script's folder is on the path
+
+    script_args, training_args, model_args = entry.parse_args(sys.argv[1:])
+    record_end(Path(training_args.output_dir), entry.main(script_args, training_args, model_args))

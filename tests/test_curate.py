@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 
 import pytest
 import yaml
@@ -16,6 +17,8 @@ from video_grpo.data import build_dataset
 from video_grpo.grpo import parse_args
 
 from .conftest import REPO, SAMPLES
+from .launch_entry import ended_in_order
+from .test_launch import CPU_ENV, two_process_launcher
 
 VIDEOS = sorted((SAMPLES / "videos").glob("train_*.mp4"))
 
@@ -264,3 +267,20 @@ def test_sampling_mode_end_to_end_and_resumable(tiny_model_dir, tmp_path, capsys
         assert not list(out.glob("samples.rank*.jsonl"))
     finally:
         os.chdir(cwd)
+
+
+def test_sampling_over_two_processes_ends_in_order(tiny_model_dir, tmp_path):
+    """Sampling sharded over 2 launched processes: rank 0 merges and curates while rank 1 waits; both leave
+    ``main`` with the process group torn down and exit 0."""
+    out, ends = tmp_path / "out", tmp_path / "ends"
+    command = [
+        *two_process_launcher("tests/launch_entry.py", "--record", str(ends), "video_grpo.curate"),
+        *("--model_name_or_path", str(tiny_model_dir), "--config", "configs/grpo/demo_tiny.yaml"),
+        *("--max_samples", "3", "--num_samples", "2", "--max_new_tokens", "8", "--batch_size", "2"),
+        *("--output_dir", str(out), "--min_iou", "0", "--max_iou", "1", "--dtype", "float32"),
+    ]
+    result = subprocess.run(command, cwd=REPO, env=CPU_ENV, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 6
+    assert len((out / "per_query.jsonl").read_text().splitlines()) == 3
+    assert [end["returned"] for end in ended_in_order(ends)] == [0, 0]

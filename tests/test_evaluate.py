@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -18,6 +16,8 @@ from video_grpo.data import build_dataset
 from video_grpo.evaluate import parse_prediction, score_records
 
 from .conftest import REPO, SAMPLES
+from .launch_entry import ended_in_order
+from .test_launch import CPU_ENV, two_process_launcher
 from .test_trainer import SAMPLING, make_trainer
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -87,7 +87,7 @@ def test_score_cli(tmp_path):
     assert json.loads(out.read_text())["R1@0.5"] == 100.0
 
 
-def run_eval(model_dir, out_dir, *extra, launcher=(sys.executable, "-m")):
+def run_eval(model_dir, out_dir, *extra, launcher=(sys.executable, "-m"), env=ENV):
     cmd = [
         *launcher,
         "video_grpo.evaluate",
@@ -107,7 +107,7 @@ def run_eval(model_dir, out_dir, *extra, launcher=(sys.executable, "-m")):
         *extra,
     ]
     return subprocess.Popen(
-        cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 
 
@@ -155,29 +155,12 @@ def test_killed_run_resumes_to_the_same_metrics(tiny_model_dir, reference_run, t
 
 
 def test_sharded_over_two_processes_matches_one(tiny_model_dir, reference_run, tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    accelerate = str(Path(sys.executable).with_name("accelerate"))
-    launcher = (
-        accelerate,
-        "launch",
-        "--cpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        port,
-        "-m",
-    )
-    finish(run_eval(tiny_model_dir, tmp_path, launcher=launcher))
+    ends = tmp_path / "ends"
+    launcher = two_process_launcher("tests/launch_entry.py", "--record", str(ends))
+    finish(run_eval(tiny_model_dir, tmp_path, launcher=launcher, env=CPU_ENV))
     assert (tmp_path / "predictions.jsonl").read_text() == (reference_run / "predictions.jsonl").read_text()
     assert not list(tmp_path.glob("predictions.rank*.jsonl"))
+    assert [end["returned"] for end in ended_in_order(ends)] == [0, 0]
 
 
 def test_plots(reference_run, tmp_path):
@@ -223,6 +206,41 @@ def test_eval_during_training_logs_r1_and_miou(tiny_model_dir, train_file, tmp_p
     trainer.train()
     logged = [e for e in trainer.state.log_history if "eval_R1@0.5" in e]
     assert logged and "eval_mIoU" in logged[0] and logged[0]["eval_num_parse_failures"] <= 4
+
+
+def checkpointing_settings(model) -> list[dict]:
+    """The keyword arguments each checkpointed module will call torch's checkpoint with."""
+    return [
+        dict(module._gradient_checkpointing_func.keywords)
+        for module in model.modules()
+        if getattr(module, "gradient_checkpointing", False)
+    ]
+
+
+def test_evaluation_keeps_the_checkpointing_settings(tiny_model_dir, train_file, tmp_path):
+    """Generation unwraps the model and turns checkpointing back on afterwards: with the run's settings
+    (PEFT + ZeRO-3 needs use_reentrant=True), not transformers' defaults."""
+    train = build_dataset(train_file, sampling=SAMPLING)
+    evaluation = build_dataset(SAMPLES / "test.jsonl", sampling=SAMPLING)
+    trainer = make_trainer(
+        tiny_model_dir,
+        train,
+        tmp_path,
+        eval_dataset=evaluation,
+        trainer_kwargs={"grounding_eval_samples": 2},
+        gradient_checkpointing=True,
+        gradient_checkpointing_kwargs={"use_reentrant": True},
+        per_device_eval_batch_size=2,
+        max_steps=1,
+    )
+    trainer.model.gradient_checkpointing_enable(
+        trainer.args.gradient_checkpointing_kwargs
+    )  # as training does
+    before = checkpointing_settings(trainer.model)
+    assert before and all(settings == {"use_reentrant": True} for settings in before)
+    metrics = trainer.evaluate()
+    assert "eval_mIoU" in metrics
+    assert checkpointing_settings(trainer.model) == before
 
 
 def test_a_bad_video_is_reported_not_replaced(tiny_model_dir, tmp_path):

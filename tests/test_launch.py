@@ -65,6 +65,24 @@ def launch_command(
     ]
 
 
+def two_process_launcher(*entry: str) -> tuple[str, ...]:
+    """torchrun of 2 CPU processes without DeepSpeed (evaluation, curation), then ``entry``; run it with
+    :data:`CPU_ENV`. (``accelerate launch --cpu`` starts one process unless mpirun is installed.)"""
+    return (
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        *entry,
+    )
+
+
+CPU_ENV = {**ENV, "ACCELERATE_USE_CPU": "true"}  # what accelerate launch sets for use_cpu: true
+
+
 def launch(*args, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(
         launch_command(*args, **kwargs), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900

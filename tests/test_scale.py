@@ -11,6 +11,7 @@ import yaml
 from safetensors.torch import load_file
 
 from .conftest import REPO
+from .launch_entry import ended_in_order
 from .test_launch import ENV, changed, free_port, launch, launch_command, load
 
 
@@ -142,6 +143,7 @@ def test_multi_node_twin_trains_on_two_nodes(tiny_model_dir, tmp_path):
                     "--main_process_port",
                     str(port),
                 ),
+                entry=("tests/launch_entry.py", "--record", str(tmp_path / "ends"), "video_grpo.grpo"),
             ),
             cwd=REPO,
             env=ENV,
@@ -155,6 +157,7 @@ def test_multi_node_twin_trains_on_two_nodes(tiny_model_dir, tmp_path):
     assert [node.returncode for node in nodes] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
     assert "distributed_type=DEEPSPEED num_processes=2 zero_stage=3" in logs[0]
     assert changed(load(tiny_model_dir), load(out), "vision")
+    ended_in_order(tmp_path / "ends")  # each rank left main with the process group torn down
 
 
 def test_slurm_script_is_valid_bash_and_uses_the_multi_node_config():

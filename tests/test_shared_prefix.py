@@ -329,3 +329,27 @@ def test_recipe_validation_refuses_before_the_model_loads(family, attention, why
             attn_implementation="sdpa",
         )
     )  # supported: no error
+
+
+def test_eager_mask_is_in_the_model_dtype(tiny_model_dir, dataset, tmp_path):
+    """Eager attention adds the packed mask to the scores: a float32 mask would promote a bf16 model's
+    (rows, heads, L, L) scores to float32. It is built in the model's dtype, with that dtype's minimum."""
+    trainer = make_trainer(
+        tiny_model_dir,
+        dataset,
+        tmp_path,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        model_init_kwargs={"attn_implementation": "eager", "dtype": "bfloat16"},
+    )
+    inputs = micro_batch(generate(trainer, shared=True), slice(0, 4))
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    mask = torch.cat([inputs["prompt_mask"], torch.ones_like(inputs["completion_mask"])], dim=1)
+    trainer._video_rows = {
+        key: inputs[key] for key in ("video_pixels", "video_grid_thw", "second_per_grid_ts")
+    }
+    packed = trainer._pack(ids, mask, inputs["completion_ids"].shape[1], slice(0, 4))
+    trainer._video_rows = None
+    additive = packed.model_inputs["attention_mask"]
+    assert additive.dtype == torch.bfloat16
+    assert additive.max() == 0 and additive.min() == torch.finfo(torch.bfloat16).min

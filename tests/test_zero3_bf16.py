@@ -18,6 +18,7 @@ import subprocess
 import pytest
 
 from .conftest import REPO
+from .launch_entry import ended_in_order
 from .test_launch import ENV, launch_command
 from .test_video_formats import ffmpeg
 
@@ -144,3 +145,64 @@ def test_zero3_bf16_frozen_tower_time_encoder_and_uneven_eval(tiny_model_dir, tm
         assert len(probe["eval_metrics"]) == 2 and all("eval_mIoU" in m for m in probe["eval_metrics"])
         assert probe["encoder_runs"]["eval"] == probe["generation_batches"]["eval"] + 2 * 2, probe
     assert probes[0]["encoder_runs"] == probes[1]["encoder_runs"]
+    ended_in_order(out)  # both ranks left main with the process group torn down
+
+
+def clip_task_args(folder) -> list[str]:
+    """Data and video arguments for the clips whose second_per_grid_ts bf16 would round to 1.0."""
+    train, evaluation, videos = write_task(folder)
+    return [
+        *("--train_file", str(train), "--eval_file", str(evaluation), "--video_root", str(videos)),
+        *("--video_fps", "2", "--video_max_frames", "64", "--video_min_pixels", "784"),
+        *("--video_max_pixels", "3136", "--video_max_tokens", "1024"),
+    ]
+
+
+def test_sft_cold_start_sees_the_sampled_time_in_float32(tiny_model_dir, tmp_path):
+    """The SFT cold start under ZeRO-3 bf16: the model receives second_per_grid_ts exactly as sampled, in
+    float32 (DeepSpeed's input cast would make 0.9993 a bf16 1.0, one time position off per frame pair)."""
+    out = tmp_path / "sft"
+    cmd = launch_command(
+        "cpu/zero3.yaml",
+        tiny_model_dir,
+        out,
+        *clip_task_args(tmp_path),
+        "--per_device_train_batch_size",
+        "2",
+        recipe="configs/sft/demo_tiny.yaml",
+        entry=("tests/launch_probe_sft.py",),
+    )
+    result = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-6000:]
+    for rank in (0, 1):
+        probe = json.loads((out / f"probe.rank{rank}.json").read_text())
+        assert probe["vision_dtype"] == "torch.bfloat16", probe  # the run is really bf16
+        sampled = probe["sampled_seconds"]
+        assert sampled and all(0.998 < s < 1.0 for s in sampled), sampled  # the clips do what they are for
+        assert probe["model_seconds"] == sampled, probe
+        assert set(probe["model_dtypes"]) == {"torch.float32"}, probe
+    ended_in_order(out)
+
+
+def test_lora_checkpointing_zero3_trains_after_an_evaluation(tiny_model_dir, tmp_path):
+    """PEFT + ZeRO-3 + gradient checkpointing needs use_reentrant=True (TRL forces it); the evaluation before the
+    second step must hand that setting back, or the backward after it runs with transformers' default."""
+    out = tmp_path / "run"
+    cmd = launch_command(
+        "cpu/zero3.yaml",
+        tiny_model_dir,
+        out,
+        *clip_task_args(tmp_path),
+        *("--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj"),
+        *("--gradient_checkpointing", "true", "--per_device_train_batch_size", "4", "--num_generations", "2"),
+        *("--max_completion_length", "16", "--eval_strategy", "steps", "--eval_steps", "1"),
+        *("--per_device_eval_batch_size", "1", "--eval_grounding_samples", "2"),
+        entry=("tests/launch_entry.py", "--record", str(tmp_path / "ends"), "video_grpo.grpo"),
+    )
+    result = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-6000:]
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert len([e for e in history if "eval_mIoU" in e]) == 2 and history[-1]["step"] == 2, history
+    ended_in_order(tmp_path / "ends")

@@ -45,6 +45,7 @@ import sys
 from pathlib import Path
 
 from video_grpo.annotations import iter_jsonl_objects, write_jsonl
+from video_grpo.distributed import end_run, process_state
 from video_grpo.evaluate import parse_prediction, query_iou
 
 STATUSES = ("kept", "too_hard", "too_easy", "capped")
@@ -289,14 +290,13 @@ def format_summary(summary: dict, source: str) -> str:
 def sample_main(args: argparse.Namespace) -> tuple[Path | None, str | None]:
     """Sample k answers per query into ``D/samples.jsonl`` (sharded, resumable). Returns the file on the main
     process (None elsewhere) and the video root the loader used."""
-    from accelerate import PartialState
     from transformers import set_seed
 
     from video_grpo.configs import script_args_from_yaml
     from video_grpo.evaluate import generate_parts, load_split, merge_parts
     from video_grpo.families import family_of_model
 
-    state = PartialState()
+    state = process_state()
     set_seed(args.seed + state.process_index)
     dataset, ids = load_split(
         args.config, family_of_model(args.model_name_or_path), args.split, args.annotations, args.max_samples
@@ -362,12 +362,16 @@ def main(argv: list[str] | None = None) -> int:
 
         video_root = script_args_from_yaml(args.config).video_root
     if args.predictions:
-        path = Path(args.predictions)
-    else:
-        path, loader_root = sample_main(args)
-        if path is None:
-            return 0
-        video_root = video_root or loader_root
+        return curate_main(args, Path(args.predictions), video_root)
+    path, loader_root = sample_main(args)
+    try:  # the main process curates while the others wait, then every rank ends the run together
+        return 0 if path is None else curate_main(args, path, video_root or loader_root)
+    finally:
+        end_run()
+
+
+def curate_main(args: argparse.Namespace, path: Path, video_root: str | None) -> int:
+    """Curate the sampled answers in ``path``; print the summary. Returns the exit code."""
     try:
         queries = read_samples(path)
         summary = curate_queries(

@@ -136,8 +136,9 @@ class VideoEncoderOnce:
                 "and encoding them here would run the tower on this rank only (a ZeRO-3 hang)."
             )
         if to_encode:
+            everything = to_encode == list(range(len(videos)))  # then the input is already what to encode
             output = self.original(
-                torch.cat([videos[i] for i in to_encode]),
+                pixel_values_videos if everything else torch.cat([videos[i] for i in to_encode]),
                 video_grid_thw[to_encode],
                 return_dict=True,
                 **kwargs,
@@ -147,7 +148,7 @@ class VideoEncoderOnce:
             self.stats.rows_encoded += sum(rows[i] for i in to_encode)
             if self.reuse_across_calls and self.use_cache:
                 self.cache += [
-                    (keys[i], videos[i], tuple(part.detach() for part in parts))
+                    (keys[i], own_copy(videos[i]), tuple(part.detach() for part in parts))
                     for i, parts in zip(to_encode, encoded, strict=True)
                 ]
         return self.join_features([encoded[ref] if kind == "new" else ref for kind, ref in assignment])
@@ -161,6 +162,15 @@ class VideoEncoderOnce:
 
         levels = [tuple(parts[1 + level] for parts in per_video) for level in range(len(per_video[0]) - 1)]
         return BaseModelOutputWithDeepstackFeatures(pooler_output=pooler, deepstack_features=levels)
+
+
+def own_copy(view: torch.Tensor) -> torch.Tensor:
+    """``view`` itself if it spans its whole storage, else a compact copy of it. The cache keeps each video's
+    pixels for the exact comparison; a view into the batch's concatenated pixels would keep all of them alive
+    (every row's copy, where generation is plain) until the next generation batch."""
+    if view.untyped_storage().nbytes() == view.numel() * view.element_size():
+        return view
+    return view.clone()
 
 
 def split_features(output) -> list[tuple[torch.Tensor, ...]]:

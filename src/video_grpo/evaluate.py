@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from video_grpo import prefill
 from video_grpo.annotations import write_jsonl
+from video_grpo.distributed import end_run, process_state
 from video_grpo.families import detect_family, family_of_model
 from video_grpo.prefix import stateful_layers
 from video_grpo.processing import encode_rows, generation_inputs, vision_placeholder_ids
@@ -133,7 +134,14 @@ def generate_answers(
     config = model.config
     tokenizer = processor.tokenizer
     encoded = encode_rows(processor, rows, detect_family(config))
-    inputs = generation_inputs(encoded, tokenizer.pad_token_id, config.video_token_id, device=model.device)
+    shared_prefill = shared_prefill and not stateful_layers(config)
+    inputs = generation_inputs(
+        encoded,
+        tokenizer.pad_token_id,
+        config.video_token_id,
+        device=model.device,
+        one_copy_per_video=shared_prefill,  # k answers of a query: one copy of its video, not k
+    )
     kwargs = {
         "max_new_tokens": max_new_tokens,
         "do_sample": do_sample,
@@ -145,7 +153,7 @@ def generate_answers(
         kwargs["temperature"] = temperature
     else:
         kwargs.update(temperature=None, top_p=None, top_k=None)
-    if shared_prefill and not stateful_layers(config):
+    if shared_prefill:
         output = prefill.generate(model, **inputs, **kwargs)
     else:
         output = model.generate(**inputs, **kwargs)
@@ -288,9 +296,7 @@ def merge_parts(
 
 
 def run_main(args: argparse.Namespace) -> int:
-    from accelerate import PartialState
-
-    state = PartialState()
+    state = process_state()
     dataset, ids = load_split(
         args.config, family_of_model(args.model_name_or_path), args.split, args.annotations, args.max_samples
     )
@@ -302,6 +308,7 @@ def run_main(args: argparse.Namespace) -> int:
         metrics = score_records(ordered)
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
         print(json.dumps({k: v for k, v in metrics.items() if k != "by_duration"}))
+    end_run()
     return 0
 
 

@@ -20,6 +20,7 @@ from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
 from video_grpo.checkpoints import last_complete_checkpoint
 from video_grpo.configs import GRPOScriptArguments, validate_recipe
 from video_grpo.data import build_datasets
+from video_grpo.distributed import end_run
 from video_grpo.families import family_of_model
 from video_grpo.rewards import resolve_reward_funcs
 from video_grpo.trainer import VideoGRPOTrainer
@@ -68,6 +69,7 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
     if trainer.accelerator.is_main_process:
         trainer.processing_class.save_pretrained(training_args.output_dir)
     logger.info(f"Model saved to {training_args.output_dir}")
+    end_run(trainer.accelerator)
 
 
 def build_trainer(

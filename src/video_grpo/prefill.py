@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from video_grpo.prefix import group_rows
-from video_grpo.processing import TIME_INPUTS
+from video_grpo.processing import TIME_INPUTS, concat
 
 
 def language_backbone(model):
@@ -62,26 +62,45 @@ def generate(
     pixel_values_videos: torch.Tensor,
     video_grid_thw: torch.Tensor,
     mm_token_type_ids: torch.Tensor,
+    video_index: torch.Tensor | None = None,
     counts: list[int] | None = None,
     **kwargs: Any,
 ):
     """``model.generate(input_ids=..., ...)`` (``generate_fn``, default ``model.generate``) with each distinct
-    left-padded prompt prefilled once. Rows must hold one video each (how every caller here builds them)."""
+    left-padded prompt prefilled once. Rows must hold one video each (how every caller here builds them).
+
+    ``video_index``: if given, ``pixel_values_videos`` holds each distinct video once (see
+    :func:`video_grpo.processing.unique_videos`) and row ``r`` shows video ``video_index[r]``, so no row's copy of the pixels is
+    made; ``video_grid_thw`` and the time inputs stay per row. Otherwise it holds one video per row."""
     generate_fn = generate_fn or model.generate
     time = {key: kwargs.pop(key) for key in TIME_INPUTS if key in kwargs}
-    pixels = list(torch.split(pixel_values_videos, video_grid_thw.prod(-1).tolist()))
+    if video_index is None:
+        pixels = list(torch.split(pixel_values_videos, video_grid_thw.prod(-1).tolist()))
+    else:
+        rows_of = video_index.tolist()
+        first_row_of = {video: rows_of.index(video) for video in sorted(set(rows_of))}
+        videos = torch.split(
+            pixel_values_videos, [int(video_grid_thw[row].prod()) for row in first_row_of.values()]
+        )
+        pixels = [videos[video] for video in rows_of]  # views: rows of one video hold the same object
     first, index = unique_rows(input_ids, attention_mask, pixels, video_grid_thw, time)
+    shown = [pixels[i] for i in first]
+    if video_index is not None and [rows_of[i] for i in first] == list(range(len(videos))):
+        prefill_pixels = pixel_values_videos  # the distinct videos, in order: no copy
+    else:
+        prefill_pixels = concat(shown)
     backbone = language_backbone(model)
-    prefill = backbone(
+    # Only the cache is kept: the prefill's hidden states would otherwise stay alive through decoding
+    cache = backbone(
         input_ids=input_ids[first, :-1],
         attention_mask=attention_mask[first, :-1],
-        pixel_values_videos=torch.cat([pixels[i] for i in first]),
+        pixel_values_videos=prefill_pixels,
         video_grid_thw=video_grid_thw[first],
         mm_token_type_ids=mm_token_type_ids[first, :-1],
         **{key: value[first] for key, value in time.items()},
         use_cache=True,
-    )
-    cache = prefill.cache
+    ).cache
+    del shown, prefill_pixels, pixels
     if counts is not None:
         counts[0] += len(index)
         counts[1] += len(first)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from video_grpo.processing import TIME_INPUTS, video_token_types
+from video_grpo.processing import TIME_INPUTS, concat, video_token_types
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # take a custom 4-D mask as it is
 
@@ -132,13 +132,16 @@ def pack_rows(
     video_token_id: int,
     pad_token_id: int,
     mask_dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
 ) -> PackedRows | None:
     """Pack ``input_ids`` (prompt left-padded, completion of ``completion_length`` right-padded), whose video
     inputs are ``video_rows[...][rows]``, by shared prompt. ``rope_index`` is the model's ``get_rope_index``.
 
-    ``mask_dtype``: None for a boolean mask (sdpa), or the float dtype of an additive mask (eager attention).
-    Returns None when the layout is not the expected one."""
-    device = input_ids.device
+    ``mask_dtype``: None for a boolean mask (sdpa), or the float dtype of an additive mask (eager attention:
+    the model's dtype, so bf16 scores are not promoted to float32). ``device``: where the model inputs go
+    (default ``input_ids``' device). The layout is worked out on the CPU from O(length) segment ids; the
+    O(length²) mask is built on ``device`` only. Returns None when the layout is not the expected one."""
+    device = input_ids.device if device is None else torch.device(device)
     prompt_width = input_ids.shape[1] - completion_length
     prompts, answers = [], []
     for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True):
@@ -159,15 +162,13 @@ def pack_rows(
     for packed_row, group in enumerate(groups):
         first = group[0]
         prompt = torch.tensor(prompts[first], dtype=torch.long)
-        rope_kwargs = {
-            "video_grid_thw": grids[first : first + 1].to(device),
-            **{key: value[first : first + 1].to(device) for key, value in time.items()},
-        }
+        # Positions are integers computed from O(P) inputs: on the CPU, with no device round trip
         prompt_positions, _ = rope_index(
-            input_ids=prompt[None].to(device),
-            mm_token_type_ids=video_token_types(prompt[None], video_token_id).to(device),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
-            **rope_kwargs,
+            input_ids=prompt[None],
+            mm_token_type_ids=video_token_types(prompt[None], video_token_id),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            video_grid_thw=grids[first : first + 1].cpu(),
+            **{key: value[first : first + 1].cpu() for key, value in time.items()},
         )
         prompt_positions = prompt_positions[:, 0].cpu()  # (3, P)
         stem = len(prompt) - 1
@@ -207,17 +208,17 @@ def pack_rows(
         packed_positions[:, i, : len(seq)], packed_labels[i, : len(seq)] = pos, lab
         if len(seq) < width:  # padding continues the positions, so rotary inputs stay ordinary numbers
             packed_positions[:, i, len(seq) :] = pos[:, -1:] + 1 + torch.arange(width - len(seq))
-    allowed = segment_mask(packed_segments)
+    allowed = segment_mask(packed_segments.to(device))
     if mask_dtype is not None:
-        allowed = torch.zeros(allowed.shape, dtype=mask_dtype).masked_fill(
+        allowed = torch.zeros(allowed.shape, dtype=mask_dtype, device=device).masked_fill(
             ~allowed, torch.finfo(mask_dtype).min
         )
     first_rows = [group[0] for group in groups]
     model_inputs = {
         "input_ids": packed_ids.to(device),
-        "attention_mask": allowed.to(device),
+        "attention_mask": allowed,
         "position_ids": packed_positions.to(device),
-        "pixel_values_videos": torch.cat([videos[i] for i in first_rows]).to(device),
+        "pixel_values_videos": concat([videos[i] for i in first_rows]).to(device),  # each prompt's video once
         "video_grid_thw": grids[first_rows].to(device),
         **{key: value[first_rows].to(device) for key, value in time.items()},
         "mm_token_type_ids": video_token_types(packed_ids, video_token_id).to(device),
@@ -236,7 +237,7 @@ def segment_mask(segments: torch.Tensor) -> torch.Tensor:
     sees earlier-or-equal keys of the stem and of its own segment. Padding sees earlier padding and itself, so
     no row of the mask is empty (an all-masked row would give NaN in sdpa)."""
     length = segments.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    causal = torch.ones(length, length, dtype=torch.bool, device=segments.device).tril()
     query, key = segments[:, :, None], segments[:, None, :]
     allowed = causal & ((key == -1) | (key == query))
     return allowed[:, None]

@@ -13,13 +13,15 @@ nothing changes it afterwards except its device.
   prompt text, as integers' worth of tokens, so nothing can round it.)
 - ``video_grid_thw``: int64; ``mm_token_type_ids``: rebuilt from the token ids in every forward.
 
-Under DeepSpeed, ``Trainer._prepare_input`` casts every float tensor on its way to generation (and only
-there) to the engine's dtype; ``VideoGRPOTrainer._prepare_input`` exempts :data:`VIDEO_FLOAT_INPUTS` from
-that cast, so generation and the old-policy, reference and loss forwards see bit-identical video inputs.
+Under DeepSpeed, ``Trainer._prepare_input`` casts every float tensor it moves (GRPO's generation inputs,
+every SFT batch) to the engine's dtype. :class:`KeepVideoDtype`, which every trainer of ours inherits, exempts
+:data:`VIDEO_FLOAT_INPUTS` from that cast, so generation, the old-policy, reference and loss forwards and the
+SFT cold start see bit-identical video inputs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -33,6 +35,26 @@ VIDEO_FLOAT_INPUTS = frozenset({"pixel_values_videos", "second_per_grid_ts"})
 TIME_INPUTS = (
     "second_per_grid_ts",
 )  # per-video time tensors some families take (ModelFamily.time_input_keys)
+
+
+class KeepVideoDtype:
+    """Mixin for a ``transformers.Trainer``: :data:`VIDEO_FLOAT_INPUTS` only change device in ``_prepare_input``.
+
+    Why: under DeepSpeed, ``Trainer._prepare_input`` casts every float tensor to the engine's dtype (bf16), so
+    ``second_per_grid_ts`` = 0.9993 would reach the model as 1.0 and move every frame's time position, in GRPO's
+    generation and in every SFT step alike. The model casts the pixels to its vision tower's dtype itself."""
+
+    def _prepare_input(self, data):
+        if isinstance(data, Mapping) and not VIDEO_FLOAT_INPUTS.isdisjoint(data):
+            return type(data)(
+                {
+                    key: value.to(self.args.device)
+                    if key in VIDEO_FLOAT_INPUTS and isinstance(value, torch.Tensor)
+                    else self._prepare_input(value)
+                    for key, value in data.items()
+                }
+            )
+        return super()._prepare_input(data)
 
 
 def encode_rows(
@@ -81,6 +103,26 @@ def encode_rows(
     }
 
 
+def concat(tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``torch.cat``, with no copy for a single tensor. A video's pixels are GBs at full size and nothing writes
+    to them in place, so one video is passed on as it is."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(list(tensors))
+
+
+def unique_videos(per_row: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(each distinct tensor once, in first-seen order; the index of every row's tensor in that list). Rows of
+    one prompt share one pixel tensor (:func:`video_grpo.processing.encode_rows`), so identity finds them."""
+    position: dict[int, int] = {}
+    videos: list[torch.Tensor] = []
+    index = []
+    for tensor in per_row:
+        if id(tensor) not in position:
+            position[id(tensor)] = len(videos)
+            videos.append(tensor)
+        index.append(position[id(tensor)])
+    return videos, torch.tensor(index, dtype=torch.long)
+
+
 def video_row_keys(family: ModelFamily) -> tuple[str, ...]:
     """The :func:`encode_rows` entries that travel with each row through the trainer."""
     return ("video_pixels", "video_grid_thw", *family.time_input_keys)
@@ -108,7 +150,7 @@ def video_kwargs(encoded: dict[str, Any], rows: slice, input_ids: torch.Tensor, 
     device; ``input_ids`` are those rows' (padded) token ids."""
     device = input_ids.device
     return {
-        "pixel_values_videos": torch.cat(encoded["video_pixels"][rows]).to(
+        "pixel_values_videos": concat(encoded["video_pixels"][rows]).to(
             device
         ),  # device only: see the policy
         "video_grid_thw": encoded["video_grid_thw"][rows].to(device),
@@ -117,8 +159,13 @@ def video_kwargs(encoded: dict[str, Any], rows: slice, input_ids: torch.Tensor, 
     }
 
 
-def generation_inputs(encoded: dict[str, Any], pad_token_id: int, video_token_id: int, device=None) -> dict:
-    """Left-padded ``generate`` kwargs for rows encoded by :func:`encode_rows`."""
+def generation_inputs(
+    encoded: dict[str, Any], pad_token_id: int, video_token_id: int, device=None, one_copy_per_video=False
+) -> dict:
+    """Left-padded ``generate`` kwargs for rows encoded by :func:`encode_rows`.
+
+    ``one_copy_per_video``: ``pixel_values_videos`` holds each distinct video once, and ``video_index`` says
+    which one each row shows (the form :func:`video_grpo.prefill.generate` takes), instead of one copy per row."""
     prompts = [torch.tensor(ids) for ids in encoded["prompt_ids"]]
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
@@ -128,8 +175,16 @@ def generation_inputs(encoded: dict[str, Any], pad_token_id: int, video_token_id
         attention_mask[i, width - len(ids) :] = 1
     if device is not None:
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    if not one_copy_per_video:
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            **video_kwargs(encoded, slice(None), input_ids, video_token_id),
+        }
+    videos, index = unique_videos(encoded["video_pixels"])
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
-        **video_kwargs(encoded, slice(None), input_ids, video_token_id),
+        **video_kwargs({**encoded, "video_pixels": videos}, slice(None), input_ids, video_token_id),
+        "video_index": index.to(input_ids.device),
     }

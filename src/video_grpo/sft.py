@@ -21,8 +21,9 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
 from video_grpo.configs import ANSWER_DECIMALS, GRPOScriptArguments
 from video_grpo.data import build_datasets
+from video_grpo.distributed import end_run
 from video_grpo.families import ModelFamily, family_of_model
-from video_grpo.processing import encode_rows, video_token_types
+from video_grpo.processing import KeepVideoDtype, encode_rows, video_token_types
 from video_grpo.rewards import render_answer
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,10 @@ logger = logging.getLogger(__name__)
 @dataclass
 class SFTScriptArguments(GRPOScriptArguments):
     """GRPO's data, video and prompt fields; ``answer_template`` is the SFT target."""
+
+
+class VideoSFTTrainer(KeepVideoDtype, SFTTrainer):
+    """TRL's SFTTrainer whose video inputs keep the dtype GRPO's forwards give them (processing's policy)."""
 
 
 class VideoSFTCollator:
@@ -106,7 +111,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     }
     training_args.remove_unused_columns = False  # rows carry frames and metadata for the collator
     training_args.dataset_kwargs = {**(training_args.dataset_kwargs or {}), "skip_prepare_dataset": True}
-    trainer = SFTTrainer(
+    trainer = VideoSFTTrainer(
         model=model_args.model_name_or_path,
         args=training_args,
         train_dataset=train_dataset,
@@ -120,6 +125,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     if trainer.accelerator.is_main_process:
         processor.save_pretrained(training_args.output_dir)
     logger.info(f"SFT model saved to {training_args.output_dir}")
+    end_run(trainer.accelerator)
 
 
 def parse_args(args: list[str] | None = None):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -29,8 +28,10 @@ from video_grpo.guidance import group_advantages, guided_completion_ids, guided_
 from video_grpo.prefill import one_prefill_per_prompt
 from video_grpo.prefix import PackedRows, pack_rows, stateful_layers, unsupported_reason
 from video_grpo.processing import (
-    VIDEO_FLOAT_INPUTS,
+    KeepVideoDtype,
+    concat,
     encode_rows,
+    unique_videos,
     video_kwargs,
     video_row_keys,
     video_token_types,
@@ -85,7 +86,7 @@ def resolve_shared_prefix(requested: bool | None, config) -> bool:
     return False
 
 
-class VideoGRPOTrainer(GRPOTrainer):
+class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
     """GRPO for video-language models. Dataset rows need ``prompt``, ``video_frames`` and ``video_metadata``
     (see :mod:`video_grpo.data`)."""
 
@@ -222,6 +223,9 @@ class VideoGRPOTrainer(GRPOTrainer):
                 self.model_wrapped,
                 self.accelerator,
                 gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                # on exit it turns checkpointing back on: with the run's settings, as TRL's generation does
+                # (PEFT + ZeRO-3 needs use_reentrant=True, which transformers' defaults would drop)
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
             ) as model,
             encoder,
         ):
@@ -268,20 +272,6 @@ class VideoGRPOTrainer(GRPOTrainer):
                 "`python -m video_grpo.data check --config <recipe> --decode` to list them, fix or drop them, "
                 "or raise max_bad_sample_fraction."
             )
-
-    # Why: under DeepSpeed, Trainer casts every float tensor to bf16 on the way to generation only; the video
-    # inputs keep their dtype, so generation and the later forwards see the same values (processing's policy).
-    def _prepare_input(self, data):
-        if isinstance(data, Mapping) and not VIDEO_FLOAT_INPUTS.isdisjoint(data):
-            return type(data)(
-                {
-                    key: value.to(self.args.device)
-                    if key in VIDEO_FLOAT_INPUTS and isinstance(value, torch.Tensor)
-                    else self._prepare_input(value)
-                    for key, value in data.items()
-                }
-            )
-        return super()._prepare_input(data)
 
     # Why: TRL drops video; process it once here and keep it on every row of the generation batch.
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, Any]:
@@ -370,11 +360,18 @@ class VideoGRPOTrainer(GRPOTrainer):
         with shuffle_whole_groups(self.num_generations):
             return super()._prepare_inputs(generation_batch)
 
-    # Why: generation must see the same token ids and video tensors as the later forwards.
+    # Why: generation must see the same token ids and video tensors as the later forwards. With one prefill per
+    # prompt, generation gets each video's pixels once plus each row's video index (video_grpo.prefill), not G
+    # copies; the plain generate needs one copy per row.
     def _tokenize_prompts(self, prompts: list):
         rows = self._video_rows
+        if self.shared_prefill:
+            videos, index = unique_videos(rows["video_pixels"])
+            pixels = {"pixel_values_videos": concat(videos), "video_index": index}
+        else:
+            pixels = {"pixel_values_videos": concat(rows["video_pixels"])}
         multimodal_fields = {
-            "pixel_values_videos": torch.cat(rows["video_pixels"]),
+            **pixels,
             "video_grid_thw": rows["video_grid_thw"],
             **{key: rows[key] for key in self.family.time_input_keys},
             "mm_token_type_ids": [
@@ -430,11 +427,6 @@ class VideoGRPOTrainer(GRPOTrainer):
             for start in range(0, input_ids.size(0), batch_size):
                 end = min(start + batch_size, input_ids.size(0))
                 ids, mask = input_ids[start:end], attention_mask[start:end]
-                model_inputs = {
-                    "input_ids": ids,
-                    "attention_mask": mask,
-                    **video_kwargs(self._video_rows, slice(start, end), ids, self.video_token_id),
-                }
                 packed = (
                     self._pack(ids, mask, logits_to_keep, slice(start, end)) if not compute_aux_loss else None
                 )
@@ -447,6 +439,12 @@ class VideoGRPOTrainer(GRPOTrainer):
                     if compute_entropy:
                         all_entropies.append(packed.unpack(outputs.entropy))
                     continue
+                # Built only when packing falls back: the rows' pixels, one copy per row, on the device
+                model_inputs = {
+                    "input_ids": ids,
+                    "attention_mask": mask,
+                    **video_kwargs(self._video_rows, slice(start, end), ids, self.video_token_id),
+                }
                 if compute_aux_loss:
                     model_inputs["output_router_logits"] = True
                 labels = ids.masked_fill(mask == 0, -100)
@@ -478,7 +476,9 @@ class VideoGRPOTrainer(GRPOTrainer):
             self._language_model.get_rope_index,
             self.video_token_id,
             self._tokenizer.pad_token_id,
-            torch.float32 if self._eager_attention else None,
+            # eager attention adds a float mask to the scores: in the model's dtype (read now: DeepSpeed casts the
+            # model when training starts), or bf16 scores would be promoted to float32
+            self._language_model.get_input_embeddings().weight.dtype if self._eager_attention else None,
         )
         if packed is None:
             if not self._warned_unpackable:
