@@ -121,6 +121,19 @@ def test_shared_prompt_gpu_entry_smoke_runs_on_cpu():
     assert all(line["ours"] > 0 and line["baseline"] > 0 for line in lines)
 
 
+def test_attention_kernel_entry_smoke_runs_on_cpu():
+    """``scripts/bench_gpu.sh``'s SDPA-kernel line, at tiny widths on the CPU: it names the kernel the packed
+    forward ran and its peak; the memory-efficient kernel does not exist on the CPU, and the row says so."""
+    from video_grpo.bench_prefix import sdpa_kernel_rows
+
+    lines = []
+    sdpa_kernel_rows(lambda *args, **extra: lines.append((args, extra)), "quick", 256, 4, "cpu", "float32")
+    (name, ours, baseline, _), extra = lines[0]
+    assert name == "packed_attention_kernel_peak_memory" and ours is None and baseline > 0
+    assert any("scaled_dot_product" in kernel for kernel in extra["kernels"]["default"]["kernels"])
+    assert "No viable backend" in extra["kernels"]["efficient"]["error"]
+
+
 @pytest.mark.parametrize("widths", ["3b", "7b"])
 def test_literal_widths_match_the_published_configs(widths):
     """bench_prefix's literal widths (used by bench perf, scripts/bench_gpu.py and test_real_widths when
