@@ -47,4 +47,6 @@ def ended_in_order(record: Path, ranks: int = 2) -> list[dict]:
 
 
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    from video_grpo.distributed import exit_process
+
+    exit_process(run(sys.argv[1:]))

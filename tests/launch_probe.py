@@ -132,6 +132,8 @@ entry.VideoGRPOTrainer = ProbeTrainer
 
 if __name__ == "__main__":
     from launch_entry import record_end  # this script's folder is on the path
+    from video_grpo.distributed import exit_process
 
     script_args, training_args, model_args = entry.parse_args(sys.argv[1:])
     record_end(Path(training_args.output_dir), entry.main(script_args, training_args, model_args))
+    exit_process(0)

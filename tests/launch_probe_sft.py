@@ -44,9 +44,11 @@ entry.VideoSFTTrainer = ProbeTrainer
 
 if __name__ == "__main__":
     from launch_entry import record_end  # this script's folder is on the path
+    from video_grpo.distributed import exit_process
 
     script_args, training_args, model_args = entry.parse_args(sys.argv[1:])
     returned = entry.main(script_args, training_args, model_args)
     rank = int(os.environ.get("RANK", 0))
     (Path(training_args.output_dir) / f"probe.rank{rank}.json").write_text(json.dumps(RECORD))
     record_end(Path(training_args.output_dir), returned)
+    exit_process(0)

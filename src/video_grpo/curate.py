@@ -45,7 +45,7 @@ import sys
 from pathlib import Path
 
 from video_grpo.annotations import iter_jsonl_objects, write_jsonl
-from video_grpo.distributed import end_run, process_state
+from video_grpo.distributed import end_run, exit_process, process_state
 from video_grpo.evaluate import parse_prediction, query_iou
 
 STATUSES = ("kept", "too_hard", "too_easy", "capped")
@@ -395,4 +395,4 @@ def curate_main(args: argparse.Namespace, path: Path, video_root: str | None) ->
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -34,7 +33,7 @@ from tqdm.auto import tqdm
 
 from video_grpo import prefill
 from video_grpo.annotations import write_jsonl
-from video_grpo.distributed import end_run, process_state
+from video_grpo.distributed import end_run, exit_process, process_state
 from video_grpo.families import detect_family, family_of_model
 from video_grpo.prefix import stateful_layers
 from video_grpo.processing import encode_rows, generation_inputs, vision_placeholder_ids
@@ -354,4 +353,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -20,7 +20,7 @@ from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
 from video_grpo.checkpoints import last_complete_checkpoint
 from video_grpo.configs import GRPOScriptArguments, validate_recipe
 from video_grpo.data import build_datasets
-from video_grpo.distributed import end_run
+from video_grpo.distributed import end_run, exit_process
 from video_grpo.families import family_of_model
 from video_grpo.rewards import resolve_reward_funcs
 from video_grpo.trainer import VideoGRPOTrainer
@@ -124,3 +124,4 @@ def parse_args(args: list[str] | None = None) -> tuple[GRPOScriptArguments, GRPO
 
 if __name__ == "__main__":
     main(*parse_args())
+    exit_process(0)

@@ -21,7 +21,7 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
 from video_grpo.configs import ANSWER_DECIMALS, GRPOScriptArguments
 from video_grpo.data import build_datasets
-from video_grpo.distributed import end_run
+from video_grpo.distributed import end_run, exit_process
 from video_grpo.families import ModelFamily, family_of_model
 from video_grpo.processing import KeepVideoDtype, encode_rows, video_token_types
 from video_grpo.rewards import render_answer
@@ -134,3 +134,4 @@ def parse_args(args: list[str] | None = None):
 
 if __name__ == "__main__":
     main(*parse_args())
+    exit_process(0)
