@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 tiny: $(TINY)/config.json
 
 $(TINY)/config.json: $(STAMP)
-	$(PY) -m video_grpo.tiny $(TINY)
+	$(PY) -m video_grpo.toys.tiny $(TINY)
 
 # GRPO that learns, on generated flash videos (scripts/demo_flash.py: data + SFT cold start), then a before/after
 # table and timelines: 2 CPU processes under DeepSpeed ZeRO-2, whole model trainable. `make demo SEED=1` picks

@@ -13,9 +13,9 @@ $PY scripts/bench_gpu.py --frames 64 --height 336 --width 336 --G 8 --prompts 1 
 # 2. The shared prompt: one group's loss forward+backward and generate, plain (G rows) vs shared_prefix, at 3B
 # and 7B widths (1 text + 1 vision layer), about 2,000 visual tokens, G = 8, answers of 32-128 tokens.
 for widths in 3b 7b; do
-  $PY -m video_grpo.bench_prefix gpu --widths "$widths" --visual_tokens 2048 --G 8 --device cuda --dtype bfloat16
+  $PY -m video_grpo.bench.shared_prefix gpu --widths "$widths" --visual_tokens 2048 --G 8 --device cuda --dtype bfloat16
 done
 # 3. Which SDPA kernel a packed forward+backward runs at 7B widths (1 + 1 layers, 4,000 visual tokens, G = 8,
 # bf16), and its peak memory: PyTorch's default choice vs the memory-efficient kernel forced (a fall-back to the
 # math kernel would hold every layer's full score matrix).
-$PY -m video_grpo.bench_prefix sdpa --widths 7b --visual_tokens 4000 --G 8 --device cuda --dtype bfloat16
+$PY -m video_grpo.bench.shared_prefix sdpa --widths 7b --visual_tokens 4000 --G 8 --device cuda --dtype bfloat16

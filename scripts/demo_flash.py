@@ -4,7 +4,7 @@
     accelerate launch ... -m video_grpo.grpo --config configs/grpo/demo_flash.yaml   # GRPO (make demo)
     python scripts/demo_flash.py report --out outputs/demo_flash --run_dir outputs/demo
 
-Everything is generated offline (``video_grpo.synthetic.FlashTask``, ``video_grpo.tiny``), the same task and
+Everything is generated offline (``video_grpo.toys.synthetic.FlashTask``, ``video_grpo.toys.tiny``), the same task and
 cold start as ``python -m video_grpo.bench learning`` (docs/learning.md): 16-s videos whose upper half flashes
 a named colour between S and E, with a clock drawn in the lower half; a short SFT on the annotated spans gives
 a partial localiser, and GRPO starts from it. ``report`` prints R1@0.5 and mIoU before GRPO, after GRPO, after
@@ -21,10 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from video_grpo import learning_runs as runs
 from video_grpo.annotations import write_jsonl
-from video_grpo.learning import FULL
-from video_grpo.synthetic import best_fixed_span, make_flash_split, temporal_iou
+from video_grpo.bench import learning_runs as runs
+from video_grpo.bench.learning import FULL
+from video_grpo.toys.synthetic import best_fixed_span, make_flash_split, temporal_iou
 
 TRAIN, TEST, SFT_STEPS = 128, 128, 100
 
@@ -35,7 +35,7 @@ def split_seeds(seed: int) -> tuple[int, int]:
 
 
 def prepare(out: Path, seed: int) -> None:
-    from video_grpo.tiny import build_tiny_model
+    from video_grpo.toys.tiny import build_tiny_model
 
     started = time.perf_counter()
     data = out / "data"

@@ -1,4 +1,4 @@
-"""Make the synthetic grounding videos in ``data_samples/`` (see ``video_grpo.synthetic``).
+"""Make the synthetic grounding videos in ``data_samples/`` (see ``video_grpo.toys.synthetic``).
 
 python scripts/make_samples.py --out data_samples --train 16 --test 8
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from video_grpo.synthetic import make_split
+from video_grpo.toys.synthetic import make_split
 
 
 def main() -> None:

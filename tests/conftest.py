@@ -17,7 +17,7 @@ REFERENCE = REPO.parent / "shared" / "reference"
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from video_grpo.tiny import build_tiny_model
+    from video_grpo.toys.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen2_5_vl")
 
@@ -30,7 +30,7 @@ def train_file() -> Path:
 @pytest.fixture(scope="session")
 def family_model(tmp_path_factory):
     """``family_model("qwen3_vl")``: a tiny model of that family, built once per session."""
-    from video_grpo.tiny import build_tiny_model
+    from video_grpo.toys.tiny import build_tiny_model
 
     built = {}
 

@@ -220,7 +220,7 @@ def test_video_budget_is_checked_with_the_model_family_before_the_model_loads(
 ):
     """A frame's token cost depends on the family (28x28 or 32x32 px), read from the model's config.json only."""
     import video_grpo.grpo as entry
-    from video_grpo.tiny import build_tiny_model
+    from video_grpo.toys.tiny import build_tiny_model
 
     def no_model_loading(*args, **kwargs):
         raise AssertionError("a model or processor was loaded before the config error was raised")

@@ -28,7 +28,7 @@ What is real and what is not:
 - **Weights**: random. The video: synthetic.
 
 Without ``../shared/reference`` (or with ``VIDEO_GRPO_NO_REFERENCE=1``) the tests still run: Qwen2.5-VL
-widths come from the literal, and every family uses the tiny BPE of :mod:`video_grpo.tiny` (324 tokens) with
+widths come from the literal, and every family uses the tiny BPE of :mod:`video_grpo.toys.tiny` (324 tokens) with
 the family's tiny chat template instead of the real tokenizer; the model keeps its real vocabulary size.
 
 Each test takes about a minute and 4-7 GB of memory on a 2-core CPU (fp32, no gradient checkpointing, SGD so
@@ -51,7 +51,7 @@ import trl.trainer.utils
 from transformers import AutoProcessor, GenerationConfig
 from trl import GRPOConfig
 
-from video_grpo.bench_prefix import published_config
+from video_grpo.bench.shared_prefix import published_config
 from video_grpo.configs import script_args_from_yaml
 from video_grpo.data import build_dataset
 from video_grpo.families import FAMILIES
@@ -253,7 +253,7 @@ def qwen3_processor(family: str, reference_dir):
     import transformers
     from trl.chat_template_utils import qwen3_5_nothink_chat_template, qwen3_vl_chat_template
 
-    from video_grpo import tiny
+    from video_grpo.toys import tiny
 
     if reference_dir is None:
         tokenizer = tiny.build_tokenizer()
@@ -292,7 +292,7 @@ def qwen2_5_vl_model(reference_dir):
     import transformers
 
     # Qwen2.5-VL-3B-Instruct's config.json (../shared/reference/qwen2_5_vl/3B, see SOURCES.md), else the same
-    # widths as bench_prefix's literal
+    # widths as bench.shared_prefix's literal
     published, _ = published_config("3b", reference=USE_REFERENCE)
     published = {
         **published,
@@ -304,7 +304,7 @@ def qwen2_5_vl_model(reference_dir):
         },
     }
     if reference_dir is None:
-        from video_grpo import tiny
+        from video_grpo.toys import tiny
 
         processor = tiny.build_processor(family="qwen2_5_vl")
         published.update(placeholder_ids(processor.tokenizer), **special_ids(processor.tokenizer))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from video_grpo.families import FAMILIES
-from video_grpo.tiny import BUILDERS, build_config, build_processor, build_tiny_model, main
+from video_grpo.toys.tiny import BUILDERS, build_config, build_processor, build_tiny_model, main
 
 VIDEO = "data_samples/videos/train_000.mp4"
 FAMILY_NAMES = list(BUILDERS)
@@ -210,7 +210,7 @@ def test_same_seed_same_weights_and_family_errors(tmp_path):
 
 
 def test_cli_family(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("sys.argv", ["video_grpo.tiny", str(tmp_path / "m"), "--family", "qwen3_5"])
+    monkeypatch.setattr("sys.argv", ["video_grpo.toys.tiny", str(tmp_path / "m"), "--family", "qwen3_5"])
     main()
     assert "tiny qwen3_5 written to" in capsys.readouterr().out
     config = json.loads((tmp_path / "m" / "config.json").read_text())

@@ -1,4 +1,4 @@
-"""The training and evaluation steps the learning benchmark (:mod:`video_grpo.learning`) is built from.
+"""The training and evaluation steps the learning benchmark (:mod:`video_grpo.bench.learning`) is built from.
 
 Each trains or answers from a saved checkpoint directory, so every comparison the benchmark makes starts from
 the same weights. Everything runs in-process on CPU.

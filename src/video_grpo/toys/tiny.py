@@ -1,8 +1,8 @@
 """Build a tiny, random-weight video-language model with its own processor, offline and deterministically.
 
-    python -m video_grpo.tiny outputs/tiny-qwen2_5_vl
-    python -m video_grpo.tiny outputs/tiny-qwen3_vl --family qwen3_vl
-    python -m video_grpo.tiny outputs/tiny-qwen3_5 --family qwen3_5
+    python -m video_grpo.toys.tiny outputs/tiny-qwen2_5_vl
+    python -m video_grpo.toys.tiny outputs/tiny-qwen3_vl --family qwen3_vl
+    python -m video_grpo.toys.tiny outputs/tiny-qwen3_5 --family qwen3_5
 
 Tests and the demo cannot download ``Qwen/*`` checkpoints, so they use these models. Each is the real
 transformers architecture of its family, only small:

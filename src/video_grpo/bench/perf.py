@@ -19,7 +19,7 @@
   model (the reference is the base with the adapter off, not a copy).
 - ``lm_positions_per_forward``, ``train_step_time_shared_prefix``, ``peak_memory_shared_prefix``,
   ``generation_time_shared_prefill``, and (full run only) ``shared_prefix_scaling``: one group's prompt through
-  the language model once vs G times; see :mod:`video_grpo.bench_prefix`.
+  the language model once vs G times; see :mod:`video_grpo.bench.shared_prefix`.
 - ``encoder_time_scaling`` (full run only): vision-encoder forward+backward time for one video shown to G
   rows, once vs per row, over G, frame count and frame size.
 
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 emit_stream = None  # where JSON lines go; stdout, even while trainer output is redirected
 SAMPLES = REPO / "data_samples"
 
@@ -158,7 +158,7 @@ def vision_rows_per_step(model_dir: Path, work: Path) -> None:
 
 
 def step_time(work: Path, steps: int) -> None:
-    from video_grpo.tiny import build_tiny_model
+    from video_grpo.toys.tiny import build_tiny_model
 
     # Vision tower and language model of comparable cost, as for Qwen2.5-VL-7B at 2 fps, where the encoder
     # is roughly a quarter of a forward; the measured share is reported, not assumed.
@@ -371,7 +371,7 @@ def _peak_rss_child(model_dir: str, beta: float, out_dir: str) -> None:
 
 
 def peak_memory(work: Path) -> None:
-    from video_grpo.tiny import build_tiny_model
+    from video_grpo.toys.tiny import build_tiny_model
 
     model_dir = build_tiny_model(
         work / "lora-model", text_hidden=1024, text_layers=9, text_intermediate=2816, vision_hidden=128
@@ -380,7 +380,7 @@ def peak_memory(work: Path) -> None:
     peaks = {}
     for beta in (0.04, 0.0):
         code = (
-            "import sys; from video_grpo.bench import _peak_rss_child; "
+            "import sys; from video_grpo.bench.perf import _peak_rss_child; "
             f"_peak_rss_child({str(model_dir)!r}, {beta}, {str(work / f'lora-{beta}')!r})"
         )
         result = subprocess.run(
@@ -437,7 +437,7 @@ def encoder_scaling(model_dir: Path) -> None:
 def perf(quick: bool) -> None:
     from transformers.utils import logging as hf_logging
 
-    from video_grpo.tiny import build_tiny_model
+    from video_grpo.toys.tiny import build_tiny_model
 
     hf_logging.set_verbosity_error()
     torch.manual_seed(0)
@@ -451,7 +451,7 @@ def perf(quick: bool) -> None:
         peak_memory(work)
         if not quick:
             encoder_scaling(model_dir)
-        from video_grpo.bench_prefix import perf_rows
+        from video_grpo.bench.shared_prefix import perf_rows
 
         perf_rows(emit, quick)  # the shared prompt: lm_positions_per_forward ... shared_prefix_scaling
 
@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         with _TrainerLogsToStderr(), tempfile.TemporaryDirectory() as tmp:
             from transformers.utils import logging as hf_logging
 
-            from video_grpo.learning import run
+            from video_grpo.bench.learning import run
 
             hf_logging.set_verbosity_error()
             torch.manual_seed(0)

@@ -1,7 +1,7 @@
 """Does GRPO teach the model to look at the video? A side-by-side learning benchmark on CPU.
 
 Run through ``python -m video_grpo.bench learning [--quick]`` (numbers and curves: docs/learning.md). The task
-(:class:`video_grpo.synthetic.FlashTask`): 16-s videos in which the screen's upper half turns a named colour
+(:class:`video_grpo.toys.synthetic.FlashTask`): 16-s videos in which the screen's upper half turns a named colour
 between S and E, anywhere in the video; the lower half shows a clock. No fixed answer scores well
 (``best_fixed_span_miou``). A tiny Qwen2.5-VL gets a short SFT cold start, then every comparison starts from
 that one checkpoint with the same data, rewards (``iou`` + ``format``), hyperparameters and step budget.
@@ -16,7 +16,7 @@ Reported (JSON lines, the benchmark schema):
 - ``gt_guidance_gain``: mean IoU reward of the policy's own answers over the last 20% of steps, with
   ground-truth-guided groups and TempSamp shaping vs without;
 - ``curation_signal``: the mean within-group std of the IoU reward, training on the curated vs the whole of a pool
-  with a spread of difficulty, for the same steps (:mod:`video_grpo.learning_curation`).
+  with a spread of difficulty, for the same steps (:mod:`video_grpo.bench.curation`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from video_grpo import learning_runs as runs
-from video_grpo.synthetic import FlashTask
+from video_grpo.bench import learning_runs as runs
+from video_grpo.toys.synthetic import FlashTask
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ def cold_start(work: Path, budget: Budget) -> tuple[Path, list[dict], Path]:
     """The benchmark's training videos (generator seed 10) in ``work/task`` and its SFT cold start from the tiny
     model: the one checkpoint every comparison starts from. Returns the data folder, the training records and the
     checkpoint."""
-    from video_grpo.synthetic import make_flash_split
-    from video_grpo.tiny import build_tiny_model
+    from video_grpo.toys.synthetic import make_flash_split
+    from video_grpo.toys.tiny import build_tiny_model
 
     data = work / "task"
     train_records = make_flash_split(data, "train", budget.train, seed=10, task=budget.task)
@@ -78,9 +78,9 @@ def cold_start(work: Path, budget: Budget) -> tuple[Path, list[dict], Path]:
 
 
 def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> dict:
-    from video_grpo.learning_curation import run_curation
-    from video_grpo.learning_plots import plot_learning
-    from video_grpo.synthetic import best_fixed_span, make_flash_split, temporal_iou
+    from video_grpo.bench.curation import run_curation
+    from video_grpo.bench.learning_plots import plot_learning
+    from video_grpo.toys.synthetic import best_fixed_span, make_flash_split, temporal_iou
 
     budget = QUICK if quick else FULL
     started = time.perf_counter()
@@ -251,7 +251,7 @@ def main() -> int:
 
     import torch
 
-    from video_grpo.bench import emit
+    from video_grpo.bench.perf import emit
 
     parser = argparse.ArgumentParser(
         description="gt_guidance_gain for each TempSamp-R1 variant (about 8 minutes)."

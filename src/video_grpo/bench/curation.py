@@ -16,7 +16,7 @@ per query, keep mean IoU in ``BAND``), then GRPO for the same number of steps on
 whole pool, and report the mean within-group std of the IoU reward (``curation_signal``), the share of flat
 groups (std < ``FLAT_STD``), and each run's test mIoU.
 
-``python -m video_grpo.learning_curation`` runs this row alone (about 1 minute on 2 idle cores); ``bench learning``
+``python -m video_grpo.bench.curation`` runs this row alone (about 1 minute on 2 idle cores); ``bench learning``
 runs it with the rest.
 """
 
@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from video_grpo import learning_runs as runs
+from video_grpo.bench import learning_runs as runs
 
 FLAT_STD = 0.05  # a group whose IoU rewards spread less than this gives GRPO (almost) no signal
 BAND = (0.05, 0.95)  # curate's rule: keep a query whose mean sampled IoU lies in [low, high]
@@ -53,7 +53,7 @@ def make_pool(data: Path, train_records: list[dict], task, extra: int, seed: int
     """Write the ``whole`` and ``mislabelled`` videos next to the training ones, and ``pool.jsonl`` (every kind)
     and ``curation_sft.jsonl`` (``event`` and ``whole``). Returns the records by kind."""
     from video_grpo.annotations import write_jsonl
-    from video_grpo.synthetic import make_flash_split
+    from video_grpo.toys.synthetic import make_flash_split
 
     kinds = {
         "event": train_records,
@@ -159,9 +159,9 @@ def main() -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from video_grpo.bench import emit
-    from video_grpo.learning import FULL, cold_start
-    from video_grpo.synthetic import make_flash_split
+    from video_grpo.bench.learning import FULL, cold_start
+    from video_grpo.bench.perf import emit
+    from video_grpo.toys.synthetic import make_flash_split
 
     parser = argparse.ArgumentParser(
         description="The learning benchmark's curation_signal row alone, from its cold start "

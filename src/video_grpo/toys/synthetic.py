@@ -190,7 +190,7 @@ def make_flash_split(
 ) -> list[dict]:
     """Write ``count`` videos and ``<out>/<split>.jsonl``; the same seed gives the same spans and colours.
 
-    ``kind`` sets how hard a query is, for curation (``video_grpo.learning_curation``):
+    ``kind`` sets how hard a query is, for curation (``video_grpo.bench.curation``):
 
     - ``event``: the task's event, annotated where it happens;
     - ``whole``: the screen is lit from the first frame to the last, annotated ``[0, duration]``: a query a model

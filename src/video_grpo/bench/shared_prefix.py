@@ -3,7 +3,7 @@ to one video prompt, scored plain (G rows, each with the prompt) and packed (one
 
 Called by ``python -m video_grpo.bench perf`` (rows ``lm_positions_per_forward``, ``train_step_time_shared_prefix``,
 ``peak_memory_shared_prefix``, ``generation_time_shared_prefill``, ``shared_prefix_scaling``) and, on a GPU, by
-``scripts/bench_gpu.sh`` (``python -m video_grpo.bench_prefix gpu``). Needs torch, transformers and ``src/``.
+``scripts/bench_gpu.sh`` (``python -m video_grpo.bench.shared_prefix gpu``). Needs torch, transformers and ``src/``.
 
 - **Model.** Qwen2.5-VL at the published 3B (or 7B) widths, read from ``../shared/reference/qwen2_5_vl`` when
   it is there (the literals below otherwise), random weights, depth cut in the real model's proportion (36 text
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 REFERENCE = REPO.parent / "shared" / "reference" / "qwen2_5_vl"
 SAMPLE_VIDEO_INDEX = 0
 
@@ -372,10 +372,10 @@ def train_step(setting: dict) -> dict:
 
 def run_side(setting: dict) -> dict:
     """:func:`train_step` in a fresh process, so each side's memory starts from the same state."""
-    code = f"import json; from video_grpo.bench_prefix import train_step; print(json.dumps(train_step({setting!r})))"
+    code = f"import json; from video_grpo.bench.shared_prefix import train_step; print(json.dumps(train_step({setting!r})))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if result.returncode:
-        raise RuntimeError(f"bench_prefix side {setting} failed:\n{result.stderr[-3000:]}")
+        raise RuntimeError(f"shared_prefix side {setting} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -600,7 +600,7 @@ def perf_rows(emit, quick: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m video_grpo.bench_prefix",
+        prog="python -m video_grpo.bench.shared_prefix",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
