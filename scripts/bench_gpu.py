@@ -18,10 +18,10 @@ import time
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-from video_grpo.bench.shared_prefix import published_config
+from video_grpo.bench.qwen_widths import published_config
 from video_grpo.encoder import install
 
-# Qwen2.5-VL-3B-Instruct's config.json (the reference file when present, else bench.shared_prefix's literal widths).
+# Qwen2.5-VL-3B-Instruct's config.json (the reference file when present, else bench.qwen_widths' literal widths).
 QWEN_3B = published_config("3b")[0]
 TINY = {  # the same layout at toy widths, for a CPU smoke run
     **QWEN_3B,

@@ -124,7 +124,7 @@ def test_shared_prompt_gpu_entry_smoke_runs_on_cpu():
 def test_attention_kernel_entry_smoke_runs_on_cpu():
     """``scripts/bench_gpu.sh``'s SDPA-kernel line, at tiny widths on the CPU: it names the kernel the packed
     forward ran and its peak; the memory-efficient kernel does not exist on the CPU, and the row says so."""
-    from video_grpo.bench.shared_prefix import sdpa_kernel_rows
+    from video_grpo.bench.sdpa_kernel import sdpa_kernel_rows
 
     lines = []
     sdpa_kernel_rows(lambda *args, **extra: lines.append((args, extra)), "quick", 256, 4, "cpu", "float32")
@@ -136,9 +136,9 @@ def test_attention_kernel_entry_smoke_runs_on_cpu():
 
 @pytest.mark.parametrize("widths", ["3b", "7b"])
 def test_literal_widths_match_the_published_configs(widths):
-    """bench.shared_prefix's literal widths (used by bench perf, scripts/bench_gpu.py and test_real_widths when
+    """bench.qwen_widths' literal widths (used by bench perf, scripts/bench_gpu.py and test_real_widths when
     ../shared/reference is absent) are the published config.json's."""
-    from video_grpo.bench.shared_prefix import REFERENCE_FILES, published_config
+    from video_grpo.bench.qwen_widths import REFERENCE_FILES, published_config
 
     if not REFERENCE_FILES[widths].is_file():
         pytest.skip(f"{REFERENCE_FILES[widths]} is absent")

@@ -51,7 +51,7 @@ import trl.trainer.utils
 from transformers import AutoProcessor, GenerationConfig
 from trl import GRPOConfig
 
-from video_grpo.bench.shared_prefix import published_config
+from video_grpo.bench.qwen_widths import published_config
 from video_grpo.configs import script_args_from_yaml
 from video_grpo.data import build_dataset
 from video_grpo.families import FAMILIES
@@ -292,7 +292,7 @@ def qwen2_5_vl_model(reference_dir):
     import transformers
 
     # Qwen2.5-VL-3B-Instruct's config.json (../shared/reference/qwen2_5_vl/3B, see SOURCES.md), else the same
-    # widths as bench.shared_prefix's literal
+    # widths as bench.qwen_widths' literal
     published, _ = published_config("3b", reference=USE_REFERENCE)
     published = {
         **published,

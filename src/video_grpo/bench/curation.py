@@ -159,8 +159,8 @@ def main() -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from video_grpo.bench.learning import FULL, cold_start
-    from video_grpo.bench.perf import emit
+    from video_grpo.bench.emit import emit
+    from video_grpo.bench.learning_runs import FULL, cold_start
     from video_grpo.toys.synthetic import make_flash_split
 
     parser = argparse.ArgumentParser(

@@ -25,31 +25,10 @@ import contextlib
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from video_grpo.bench import learning_runs as runs
-from video_grpo.toys.synthetic import FlashTask
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Sizes of one benchmark run. The quick one keeps the task and the cold start (the same 128 training videos:
-    whether 100 SFT steps make the tiny model look depends on them; on 96 videos it did not), with fewer test
-    queries and GRPO steps, and leaves out the guidance and curation runs (``guided_steps`` 0, ``curate`` off)."""
-
-    task: FlashTask
-    train: int
-    test: int
-    sft_steps: int
-    grpo_steps: int
-    guided_steps: int
-    curate: bool
-
-
-TASK = FlashTask(size=28, clock=True)  # continuous spans, 2-4 s anywhere in 16 s
-FULL = Budget(TASK, train=128, test=160, sft_steps=100, grpo_steps=80, guided_steps=80, curate=True)
-QUICK = Budget(TASK, train=128, test=96, sft_steps=100, grpo_steps=40, guided_steps=0, curate=False)
+from video_grpo.bench.learning_runs import FULL, QUICK, cold_start
 
 
 def fifth_means(values: list[float]) -> tuple[float, float]:
@@ -60,21 +39,6 @@ def fifth_means(values: list[float]) -> tuple[float, float]:
 
 def series(history: list[dict], key: str) -> list[float]:
     return [float(e[key]) for e in history if key in e]
-
-
-def cold_start(work: Path, budget: Budget) -> tuple[Path, list[dict], Path]:
-    """The benchmark's training videos (generator seed 10) in ``work/task`` and its SFT cold start from the tiny
-    model: the one checkpoint every comparison starts from. Returns the data folder, the training records and the
-    checkpoint."""
-    from video_grpo.toys.synthetic import make_flash_split
-    from video_grpo.toys.tiny import build_tiny_model
-
-    data = work / "task"
-    train_records = make_flash_split(data, "train", budget.train, seed=10, task=budget.task)
-    model = build_tiny_model(work / "tiny", **runs.MODEL_SIZE)
-    with contextlib.redirect_stdout(sys.stderr):
-        start = runs.sft(model, runs.task_dataset(data / "train.jsonl"), work / "sft", steps=budget.sft_steps)
-    return data, train_records, start
 
 
 def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> dict:
@@ -251,7 +215,7 @@ def main() -> int:
 
     import torch
 
-    from video_grpo.bench.perf import emit
+    from video_grpo.bench.emit import emit
 
     parser = argparse.ArgumentParser(
         description="gt_guidance_gain for each TempSamp-R1 variant (about 8 minutes)."

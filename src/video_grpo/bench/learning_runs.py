@@ -1,4 +1,5 @@
-"""The training and evaluation steps the learning benchmark (:mod:`video_grpo.bench.learning`) is built from.
+"""The task, budgets and training and evaluation steps the learning benchmark (:mod:`video_grpo.bench.learning`),
+its curation row (:mod:`video_grpo.bench.curation`) and ``make demo`` are built from.
 
 Each trains or answers from a saved checkpoint directory, so every comparison the benchmark makes starts from
 the same weights. Everything runs in-process on CPU.
@@ -8,11 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from video_grpo.data import VideoTransform
+from video_grpo.toys.synthetic import FlashTask
 from video_grpo.video import SamplingConfig
 
 # 16-s flash videos at 2 fps: 32 frames of 28x28, one visual token per 2 frames -> 16 tokens, one per second.
@@ -43,6 +47,41 @@ GRPO_SETTINGS = {
     "seed": 0,
     "disable_tqdm": True,
 }
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Sizes of one benchmark run. The quick one keeps the task and the cold start (the same 128 training videos:
+    whether 100 SFT steps make the tiny model look depends on them; on 96 videos it did not), with fewer test
+    queries and GRPO steps, and leaves out the guidance and curation runs (``guided_steps`` 0, ``curate`` off)."""
+
+    task: FlashTask
+    train: int
+    test: int
+    sft_steps: int
+    grpo_steps: int
+    guided_steps: int
+    curate: bool
+
+
+TASK = FlashTask(size=28, clock=True)  # continuous spans, 2-4 s anywhere in 16 s
+FULL = Budget(TASK, train=128, test=160, sft_steps=100, grpo_steps=80, guided_steps=80, curate=True)
+QUICK = Budget(TASK, train=128, test=96, sft_steps=100, grpo_steps=40, guided_steps=0, curate=False)
+
+
+def cold_start(work: Path, budget: Budget) -> tuple[Path, list[dict], Path]:
+    """The benchmark's training videos (generator seed 10) in ``work/task`` and its SFT cold start from the tiny
+    model: the one checkpoint every comparison starts from. Returns the data folder, the training records and the
+    checkpoint."""
+    from video_grpo.toys.synthetic import make_flash_split
+    from video_grpo.toys.tiny import build_tiny_model
+
+    data = work / "task"
+    train_records = make_flash_split(data, "train", budget.train, seed=10, task=budget.task)
+    model = build_tiny_model(work / "tiny", **MODEL_SIZE)
+    with contextlib.redirect_stdout(sys.stderr):
+        start = sft(model, task_dataset(data / "train.jsonl"), work / "sft", steps=budget.sft_steps)
+    return data, train_records, start
 
 
 def task_dataset(path: Path, **kwargs):

@@ -1,0 +1,68 @@
+"""Perf row ``peak_memory_lora_beta``: peak RSS of a LoRA run with a KL term (beta > 0) vs without, each side
+in a fresh process; the reference model is the base with the adapter off, not a copy."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+from video_grpo.bench.emit import emit
+from video_grpo.bench.perf_trainer import build_trainer, sample_dataset
+
+
+def _peak_rss_child(model_dir: str, beta: float, out_dir: str) -> None:
+    from peft import LoraConfig
+
+    trainer = build_trainer(
+        model_dir,
+        out_dir,
+        sample_dataset(),
+        beta=beta,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        max_completion_length=8,
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
+    )
+    with contextlib.redirect_stdout(sys.stderr):
+        trainer.train()
+    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def peak_memory(work: Path) -> None:
+    from video_grpo.toys.tiny import build_tiny_model
+
+    model_dir = build_tiny_model(
+        work / "lora-model", text_hidden=1024, text_layers=9, text_intermediate=2816, vision_hidden=128
+    )
+    params = json.loads((model_dir / "tiny_model_info.json").read_text())["parameters"]
+    peaks = {}
+    for beta in (0.04, 0.0):
+        code = (
+            "import sys; from video_grpo.bench.lora_memory import _peak_rss_child; "
+            f"_peak_rss_child({str(model_dir)!r}, {beta}, {str(work / f'lora-{beta}')!r})"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "OMP_NUM_THREADS": "2"},
+        )
+        peaks[beta] = json.loads(result.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+    emit(
+        "peak_memory_lora_beta",
+        peaks[0.04],
+        peaks[0.0],
+        "MB peak RSS",
+        parameters=params,
+        ours_setting="LoRA, beta=0.04",
+        baseline_setting="LoRA, beta=0",
+        goal="ratio <= 1.15",
+    )
