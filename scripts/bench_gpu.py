@@ -12,12 +12,12 @@ about compute, not quality. Prints JSON lines like `python -m video_grpo.bench`.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+from video_grpo.bench.emit import emit
 from video_grpo.bench.qwen_widths import published_config
 from video_grpo.encoder import install
 
@@ -138,31 +138,9 @@ def main() -> None:
         "dtype": args.dtype,
     }
     once, plain = results["once"], results["plain"]
-    print(
-        json.dumps(
-            {
-                "name": "gpu_train_samples_per_s",
-                "ours": samples / once[0],
-                "baseline": samples / plain[0],
-                "ratio": plain[0] / once[0],
-                "unit": "samples/s",
-                **setting,
-            }
-        )
-    )
+    emit("gpu_train_samples_per_s", samples / once[0], samples / plain[0], "samples/s", **setting)
     if once[1] is not None:
-        print(
-            json.dumps(
-                {
-                    "name": "gpu_peak_memory",
-                    "ours": once[1],
-                    "baseline": plain[1],
-                    "ratio": once[1] / plain[1],
-                    "unit": "GiB",
-                    **setting,
-                }
-            )
-        )
+        emit("gpu_peak_memory", once[1], plain[1], "GiB", **setting)
 
 
 if __name__ == "__main__":

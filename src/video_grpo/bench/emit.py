@@ -1,6 +1,7 @@
 """The benchmarks' one JSON-line writer: ``{"name", "ours", "baseline", "ratio", "unit", ...}`` per measurement.
 
-At the bottom of :mod:`video_grpo.bench`: every benchmark module imports it, and it imports none of them."""
+At the bottom of :mod:`video_grpo.bench`: every benchmark (and ``scripts/bench_gpu.py``) writes through it, and it
+imports none of them."""
 
 from __future__ import annotations
 
@@ -8,14 +9,21 @@ import json
 import sys
 
 emit_stream = None  # where JSON lines go; stdout, even while trainer output is redirected
+DIGITS = 6  # a microsecond, a millionth of a MB or of a ratio: finer digits are noise
 
 
-def emit(name: str, ours: float, baseline: float, unit: str, **extra) -> dict:
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, DIGITS)
+
+
+def emit(name: str, ours: float | None, baseline: float | None, unit: str, **extra) -> dict:
+    """Print one measurement as a JSON line and return it. A side that could not be measured is ``None`` (e.g. a
+    kernel this device lacks); the ratio is then ``None``, as it is for a zero baseline."""
     line = {
         "name": name,
-        "ours": round(ours, 6),
-        "baseline": round(baseline, 6),
-        "ratio": round(ours / baseline, 6) if baseline else None,
+        "ours": _rounded(ours),
+        "baseline": _rounded(baseline),
+        "ratio": _rounded(ours / baseline) if ours is not None and baseline else None,
         "unit": unit,
         **extra,
     }

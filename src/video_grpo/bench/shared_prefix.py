@@ -32,6 +32,7 @@ import time
 
 import torch
 
+from video_grpo.bench.emit import emit
 from video_grpo.bench.group_scoring import answer_logps, group_inputs
 from video_grpo.bench.peak_memory import PeakMemory
 from video_grpo.bench.qwen_widths import WIDTHS, build_model, model_config
@@ -255,21 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     args = parser.parse_args(argv)
-
-    def emit(name, ours, baseline, unit, **extra):
-        print(
-            json.dumps(
-                {
-                    "name": name,
-                    "ours": ours,
-                    "baseline": baseline,
-                    "ratio": ours / baseline if ours is not None and baseline else None,
-                    "unit": unit,
-                    **extra,
-                }
-            ),
-            flush=True,
-        )
 
     if args.command == "sdpa":
         sdpa_kernel_rows(emit, args.widths, args.visual_tokens, args.G, args.device, args.dtype)
