@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from video_grpo.data import check_main
+from video_grpo.data import main as data_main
 from video_grpo.grpo import parse_args
 from video_grpo.preprocess import main as preprocess_main
 
@@ -22,6 +23,12 @@ def check(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "video_grpo.data", "check", *args], cwd=REPO, capture_output=True, text=True
     )
+
+
+def test_help_answers_and_a_missing_command_fails(capsys):
+    """``python -m video_grpo.data --help`` answers (the docs test runs it), without a command it fails."""
+    assert data_main(["--help"]) == 0 and "python -m video_grpo.data check" in capsys.readouterr().out
+    assert data_main([]) == 2 and "usage:" in capsys.readouterr().err
 
 
 def test_clean_data_passes():

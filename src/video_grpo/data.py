@@ -351,11 +351,12 @@ def check_main(argv: list[str] | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    usage = "usage: python -m video_grpo.data check [--config C | --annotations A ...] [--decode] [--json]"
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"{usage}\n\n`check --help` lists every option.")
+        return 0
     if not argv or argv[0] != "check":
-        print(
-            "usage: python -m video_grpo.data check [--config C | --annotations A ...] [--decode] [--json]",
-            file=sys.stderr,
-        )
+        print(usage, file=sys.stderr)
         return 2
     return check_main(argv[1:])
 
