@@ -1,0 +1,125 @@
+"""The package's import graph, read with ``ast`` from the source (imports inside functions included).
+
+Rules (docs/internals.md, "Package layout"):
+
+- no import cycle among ``video_grpo`` modules;
+- a *product* module is any ``video_grpo`` module outside ``video_grpo.bench`` and ``video_grpo.toys``; it imports
+  neither (a training run needs no benchmark, tiny model or generated video);
+- ``video_grpo.toys`` imports product modules only, never ``video_grpo.bench``;
+- ``video_grpo.bench.emit`` imports no ``video_grpo`` module: it is the bottom every benchmark writes through.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from .conftest import REPO
+
+SRC = REPO / "src"
+NON_PRODUCT = ("video_grpo.bench", "video_grpo.toys")
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its ``__init__``)."""
+    modules = {}
+    for path in sorted((SRC / "video_grpo").rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The ``video_grpo`` modules that ``name`` imports anywhere in its file. ``from P import x`` counts as
+    ``P.x`` when that is a module, else as ``P``."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: up from this module's package
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    return {module for module in found if module in modules and module != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: imported_modules(name, path, modules) for name, path in modules.items()}
+
+
+def in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def is_product(module: str) -> bool:
+    return module.startswith("video_grpo") and not any(in_package(module, p) for p in NON_PRODUCT)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path that ends where it starts, or None."""
+    state: dict[str, str] = {}  # "open" while on the current path, "done" after
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = "open"
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                return path[path.index(target) :] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        state[module] = "done"
+        path.pop()
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)):
+            return cycle
+    return None
+
+
+def test_the_reader_sees_imports_inside_functions_and_from_package_imports():
+    """The graph is only as good as the reader: the lazy imports inside functions and ``from P import module``
+    must both be edges."""
+    graph = import_graph()
+    assert "video_grpo.bench.shared_prefix" in graph["video_grpo.bench.perf"]  # inside perf()
+    assert (
+        "video_grpo.bench.learning_runs" in graph["video_grpo.bench.learning"]
+    )  # from video_grpo.bench import
+    assert "video_grpo.evaluate" in graph["video_grpo.trainer"]  # inside a method
+    assert len(graph) > 40
+
+
+def test_no_import_cycle():
+    assert find_cycle(import_graph()) is None, " -> ".join(find_cycle(import_graph()))
+
+
+def test_a_cycle_is_found():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_product_imports_neither_bench_nor_toys():
+    wrong = {
+        module: sorted(t for t in targets if not is_product(t))
+        for module, targets in import_graph().items()
+        if is_product(module)
+    }
+    assert not {module: targets for module, targets in wrong.items() if targets}
+
+
+def test_toys_import_no_benchmark():
+    graph = import_graph()
+    toys = {m: graph[m] for m in graph if in_package(m, "video_grpo.toys")}
+    assert toys and not {m: t for m, t in toys.items() if any(in_package(x, "video_grpo.bench") for x in t)}
+
+
+def test_emit_is_at_the_bottom():
+    assert import_graph()["video_grpo.bench.emit"] == set()
