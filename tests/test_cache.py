@@ -32,7 +32,7 @@ SAMPLING = SamplingConfig(
     fps=1.0, min_frames=2, max_frames=8, min_pixels=784, max_pixels=56 * 56, max_tokens=64
 )
 VIDEO = str(SAMPLES / "videos" / "train_003.mp4")
-MIN_JPEG_PSNR = 38.0  # the fidelity the README states for the jpeg format
+MIN_JPEG_PSNR = 38.0  # the fidelity docs/data.md states for the jpeg format
 
 
 def test_key_covers_file_and_every_sampling_setting(tmp_path):

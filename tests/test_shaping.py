@@ -201,8 +201,8 @@ def test_config_fields(tmp_path, caplog):
     assert "set advantage_shaping: tempsamp" in caplog.text
 
 
-def test_readme_shows_the_real_explain_output():
-    readme = (REPO / "README.md").read_text()
-    intro = readme.index("`python -m video_grpo.explain` prints worked examples; this is its output:")
-    start = readme.index("```\n", intro) + 4
-    assert readme[start : readme.index("\n```", start)] == explain()
+def test_docs_show_the_real_explain_output():
+    internals = (REPO / "docs" / "internals.md").read_text()
+    intro = internals.index("`python -m video_grpo.explain` prints worked examples; this is its output:")
+    start = internals.index("```\n", intro) + 4
+    assert internals[start : internals.index("\n```", start)] == explain()

@@ -91,8 +91,8 @@ class GRPOScriptArguments:
         default=None,
         metadata={
             "help": "Run each prompt through the language model once per micro-batch in the old-policy, "
-            "reference and loss forwards, its G answers attending to that one copy (exact; see README "
-            "'Shared prompt'). Unset (the default): on where it is exact (Qwen2.5-VL, Qwen3-VL with sdpa or "
+            "reference and loss forwards, its G answers attending to that one copy (exact; see docs/training.md "
+            "'Sharing the prompt across a group'). Unset (the default): on where it is exact (Qwen2.5-VL, Qwen3-VL with sdpa or "
             "eager attention), off with one warning elsewhere. true: on, or an error before the model loads. "
             "false: off."
         },
