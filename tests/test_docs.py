@@ -1,0 +1,185 @@
+"""The docs stay true: what ``README.md`` and ``docs/*.md`` point at exists.
+
+- every relative link (and image) resolves to a file, and its ``#anchor`` to a heading as GitHub slugs it;
+- every ``python -m video_grpo.…`` module they name exists and answers ``--help`` (each run once, in a subprocess);
+- every dotted ``video_grpo.…`` name is a module, or a name defined at the top of one;
+- every ``configs/``, ``scripts/``, ``tests/``, ``src/`` or ``docs/`` path they name exists;
+- docs/internals.md's package layout lists every module of the package.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .conftest import REPO
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SRC = REPO / "src"
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+MODULE_COMMAND = re.compile(r"-m (video_grpo[\w.]*\w)")
+DOTTED_NAME = re.compile(r"(?<![\w./-])video_grpo(?:\.\w+)+")
+# a path from the repository root; one that goes on with a pattern ({3b,7b}, …, <id>, *) is a family of files
+REPO_PATH = re.compile(r"(?<![\w./-])((?:configs|scripts|tests|src|docs)/[\w./-]*[\w/])([{…<*]?)")
+
+
+def page_id(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def prose(text: str) -> str:
+    """The page without its fenced code blocks, where a ``[x](y)`` is not a link and ``#`` not a heading."""
+    return FENCE.sub("", text)
+
+
+def github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: markup dropped, lower case, punctuation but ``-`` and ``_`` removed,
+    spaces turned into hyphens (not collapsed)."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    text = re.sub(r"[^\w\- ]", "", text.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading anchor of a page; a repeated heading gets ``-1``, ``-2``, … as on GitHub."""
+    seen: dict[str, int] = {}
+    for match in re.finditer(r"^#{1,6} +(.+?) *#*$", prose(path.read_text()), re.M):
+        slug = github_slug(match.group(1))
+        seen[slug] = seen.get(slug, -1) + 1
+        if seen[slug]:
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
+def module_path(name: str) -> Path | None:
+    """The source file of a dotted module name (a package's ``__init__``), if it is one."""
+    base = SRC.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def top_level_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+    return names
+
+
+def named(pattern: re.Pattern, group: int = 0) -> dict[str, list[str]]:
+    """Each match of ``pattern`` in the pages, with the pages that name it."""
+    found: dict[str, list[str]] = {}
+    for page in PAGES:
+        for match in pattern.finditer(page.read_text()):
+            found.setdefault(match.group(group), []).append(page_id(page))
+    return found
+
+
+def test_every_relative_link_and_anchor_resolves():
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(prose(page.read_text())):
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            file_part, _, anchor = target.partition("#")
+            resolved = (page.parent / file_part).resolve() if file_part else page
+            if not resolved.exists():
+                broken.append(f"{page_id(page)}: {target} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+                broken.append(f"{page_id(page)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_slugs_follow_github():
+    assert github_slug("Training Qwen2.5-VL on a GPU cluster") == "training-qwen25-vl-on-a-gpu-cluster"
+    assert github_slug("Sharing the prompt across a group (`shared_prefix`)") == (
+        "sharing-the-prompt-across-a-group-shared_prefix"
+    )
+    assert github_slug("`make demo`") == "make-demo"
+    assert github_slug("How `VideoGRPOTrainer` extends TRL") == "how-videogrpotrainer-extends-trl"
+
+
+def test_every_named_path_exists():
+    missing = []
+    for page in PAGES:
+        for match in REPO_PATH.finditer(page.read_text()):
+            path, pattern_follows = match.groups()
+            if not pattern_follows and not (REPO / path).exists():
+                missing.append(f"{page_id(page)}: {path}")
+    assert not missing, "\n".join(missing)
+
+
+def test_every_dotted_name_is_a_module_or_defined_in_one():
+    unknown = []
+    for name, pages in named(DOTTED_NAME).items():
+        parts = name.split(".")
+        # the longest prefix that is a module; the next part, if any, must be defined at its top level
+        for cut in range(len(parts), 0, -1):
+            path = module_path(".".join(parts[:cut]))
+            if path is not None:
+                break
+        if path is None or (cut < len(parts) and parts[cut] not in top_level_names(path)):
+            unknown.append(f"{name} ({', '.join(sorted(set(pages)))})")
+    assert not unknown, "\n".join(unknown)
+
+
+COMMANDS = named(MODULE_COMMAND, group=1)
+
+
+def test_the_commands_are_found():
+    assert {"video_grpo.grpo", "video_grpo.bench", "video_grpo.toys.tiny", "video_grpo.data"} <= set(COMMANDS)
+
+
+def test_every_python_m_module_answers_help():
+    """Each ``python -m`` module the pages name, run once with ``--help`` (four at a time: each imports torch)."""
+
+    def run(module: str) -> tuple[str, subprocess.CompletedProcess | str]:
+        path = module_path(module)
+        if path is None or (path.name == "__init__.py" and not (path.parent / "__main__.py").is_file()):
+            return module, "no such module (or a package without __main__.py)"
+        try:
+            return module, subprocess.run(
+                [sys.executable, "-m", module, "--help"],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+        except subprocess.TimeoutExpired:
+            return module, "no answer within 300 s"
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = dict(pool.map(run, sorted(COMMANDS)))
+    failed = {
+        module: result if isinstance(result, str) else f"exit {result.returncode}: {result.stderr[-500:]}"
+        for module, result in results.items()
+        if isinstance(result, str) or result.returncode != 0 or not result.stdout.strip()
+    }
+    assert not failed, "\n".join(
+        f"{m} (named in {', '.join(sorted(set(COMMANDS[m])))}): {why}" for m, why in failed.items()
+    )
+
+
+def test_the_layout_lists_every_module():
+    internals = (REPO / "docs" / "internals.md").read_text()
+    start = internals.index("## Package layout")
+    tree = internals[
+        internals.index("```", start) : internals.index("```\n\n", internals.index("```", start) + 3)
+    ]
+    listed = set(re.findall(r"^ *(\w+\.py|\w+/) ", tree, re.M))
+    expected = {p.name for p in (SRC / "video_grpo").rglob("*.py") if p.name != "__init__.py"}
+    expected |= {f"{p.name}/" for p in (SRC / "video_grpo").iterdir() if (p / "__init__.py").is_file()}
+    assert not expected - listed, f"not in docs/internals.md's layout: {sorted(expected - listed)}"
+    assert not {name for name in listed - expected if name.endswith(".py")}, "listed, but no such module"
