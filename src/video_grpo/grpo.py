@@ -22,6 +22,7 @@ from video_grpo.configs import GRPOScriptArguments, validate_recipe
 from video_grpo.data import build_datasets
 from video_grpo.distributed import end_run, exit_process
 from video_grpo.families import family_of_model
+from video_grpo.plan import log_startup_plan
 from video_grpo.rewards import resolve_reward_funcs
 from video_grpo.trainer import VideoGRPOTrainer
 
@@ -42,6 +43,11 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
 
     # Every check that needs no model: a bad recipe fails here, in seconds
     validate_recipe(script_args, training_args, model_args)
+
+    # What the step will need per GPU (video_grpo.plan), before the model loads: logged, and a warning on CUDA
+    # when it exceeds the device; never an error
+    if training_args.process_index == 0:
+        log_startup_plan(script_args, training_args, model_args, logger)
 
     # Resume from the last complete checkpoint in output_dir, if any
     last_checkpoint = last_complete_checkpoint(training_args.output_dir)

@@ -37,18 +37,26 @@ class LiveBytes(TorchDispatchMode):
         self._live: dict[int, int] = {}  # storage address -> bytes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        # a view or in-place result shares an input's storage: nothing new was allocated, even when that storage
+        # was made before the block
+        inputs = {
+            value.untyped_storage()._cdata
+            for value in tree_leaves((args, kwargs))
+            if isinstance(value, torch.Tensor)
+        }
         for value in tree_leaves(out):
             if isinstance(value, torch.Tensor):
-                self._track(value)
+                self._track(value, inputs)
         return out
 
-    def _track(self, tensor: torch.Tensor) -> None:
+    def _track(self, tensor: torch.Tensor, inputs: set[int]) -> None:
         if self.device_type is not None and tensor.device.type != self.device_type:
             return
         storage = tensor.untyped_storage()
         key = storage._cdata
-        if key in self._live or (self.predicate is not None and not self.predicate(tensor)):
+        if key in self._live or key in inputs or (self.predicate is not None and not self.predicate(tensor)):
             return
         size = storage.nbytes()
         self._live[key] = size

@@ -1,0 +1,211 @@
+"""What one layer costs in activation memory, traced on fake tensors at the real width and token count.
+
+A layer's activation bytes depend on transformers' code (which tensors autograd keeps, what is copied to
+float32, how attention converts its mask), on the dtype and on which weights train; they change between
+versions. Instead of a table of constants, the planner runs one text layer and one vision block of the real
+config, at the step's real sizes, on fake tensors (:mod:`video_grpo.fake_trace`), and counts what they hold:
+milliseconds of CPU, no weights, no GPU. Everything else (depth, phases, weights, optimizer states, the KV cache,
+the LM head) is composed by :mod:`video_grpo.plan_memory`.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from video_grpo.fake_trace import HalfFake, fake_parameters
+from video_grpo.live_memory import LiveBytes
+from video_grpo.plan_model import DEFAULT_LORA_TARGETS, ModelShape
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Bytes one layer adds, by moment (each relative to what was live just before it)."""
+
+    retained: int = 0  # after a forward with grad: what autograd keeps, plus the output
+    forward_peak: int = 0  # the most the forward with grad held at any moment
+    backward_peak: int = 0  # the most its backward held over retained + the output's gradient
+    param_grads: int = 0  # the gradients of its trainable parameters, which stay
+    nograd_peak: int = 0  # the most a forward without grad held (old policy, reference, prefill)
+    output: int = 0  # the output alone
+
+    def scaled(self, count: int) -> LayerCost:
+        """``count`` such layers' retained and gradient bytes (peaks are per layer and do not add up)."""
+        return LayerCost(
+            self.retained * count,
+            self.forward_peak,
+            self.backward_peak,
+            self.param_grads * count,
+            self.nograd_peak,
+            self.output,
+        )
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().nbytes()
+
+
+def trace(
+    call: Callable[[bool], torch.Tensor], parameters: list[torch.nn.Parameter], grad: bool
+) -> LayerCost:
+    """Run ``call(requires_grad)`` (inputs made inside it) with and without grad, under a :class:`HalfFake` mode
+    already entered by the caller, and count."""
+    with torch.no_grad(), LiveBytes() as nograd:
+        call(False)
+    if not grad:
+        return LayerCost(nograd_peak=nograd.peak)
+    with LiveBytes() as forward:
+        out = call(True)
+    out = out[0] if isinstance(out, tuple) else out
+    retained, forward_peak, output = forward.current, forward.peak, nbytes(out)
+    with LiveBytes() as backward:
+        out.backward(torch.empty_like(out))
+    grads = sum(nbytes(p.grad) for p in parameters if p.grad is not None)
+    for p in parameters:
+        p.grad = None
+    return LayerCost(retained, forward_peak, backward.peak, grads, nograd.peak, output)
+
+
+def _depth_one(shape: ModelShape, text_kind: str | None = None, full_vision_block: bool = True):
+    """A copy of the config cut to one text layer (of ``text_kind``) and one vision block."""
+    config = copy.deepcopy(shape.config)
+    text = config.get_text_config()
+    text.num_hidden_layers = 1
+    if text_kind is not None and getattr(text, "layer_types", None):
+        text.layer_types = [text_kind]
+    vision = config.vision_config
+    vision.depth = 1
+    if hasattr(vision, "fullatt_block_indexes"):
+        vision.fullatt_block_indexes = [0] if full_vision_block else []
+    if hasattr(vision, "deepstack_visual_indexes"):
+        vision.deepstack_visual_indexes = []
+    return config
+
+
+def _model(config, dtype: torch.dtype, lora_rank: int, lora_targets: tuple[str, ...]):
+    from video_grpo.plan_model import meta_model
+
+    model = meta_model(config, dtype)
+    if lora_rank:
+        from peft import LoraConfig, get_peft_model
+
+        targets = list(lora_targets or DEFAULT_LORA_TARGETS)
+        model = get_peft_model(
+            model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules=targets)
+        )
+        model = model.get_base_model()
+    return model
+
+
+@functools.lru_cache(maxsize=64)
+def text_layer_cost(
+    shape: ModelShape,
+    kind: str,
+    dtype: str,
+    rows: int,
+    length: int,
+    mask: bool,
+    grad: bool,
+    lora_rank: int = 0,
+    lora_targets: tuple[str, ...] = (),
+    input_grad: bool = True,
+) -> LayerCost:
+    """One decoder layer of ``kind`` on ``rows`` x ``length`` tokens. ``mask``: a 4-D boolean attention mask (the
+    packed or padded training rows) instead of plain causal attention (a prefill). ``input_grad``: whether its
+    input requires grad (not for LoRA's first layer, whose embedding is frozen, without checkpointing)."""
+    mode = HalfFake()
+    model = _model(_depth_one(shape, kind), getattr(torch, dtype), lora_rank, lora_targets)
+    language = model.model.language_model
+    fake_parameters(language, mode)
+    layer = language.layers[0]
+    layer.train()
+    if not lora_rank:
+        layer.requires_grad_(grad)
+    hidden = shape.hidden
+
+    def call(requires_grad: bool):
+        states = mode.empty(
+            (rows, length, hidden), getattr(torch, dtype), requires_grad=requires_grad and input_grad
+        )
+        positions = torch.arange(length)[None].expand(3, rows, length)
+        embeddings = language.rotary_emb(states, positions)
+        attention = torch.ones(rows, 1, length, length, dtype=torch.bool) if mask else None
+        return layer(
+            hidden_states=states,
+            attention_mask=attention,
+            position_embeddings=embeddings,
+            position_ids=positions,
+        )
+
+    with mode:
+        return trace(call, [p for p in layer.parameters() if p.requires_grad], grad)
+
+
+def vision_chunks(shape: ModelShape, grid: tuple[int, int, int], windowed: bool) -> torch.Tensor:
+    """``cu_seqlens`` of a vision block: one sequence per frame pair, or Qwen2.5-VL's windows."""
+    from transformers.vision_utils import get_vision_cu_seqlens, get_vision_window_index
+
+    grid_thw = torch.tensor([grid])
+    if not windowed:
+        return get_vision_cu_seqlens(grid_thw)
+    vision = shape.config.vision_config
+    return get_vision_window_index(
+        grid_thw, vision.spatial_merge_size, vision.window_size, vision.patch_size
+    )[1]
+
+
+@functools.lru_cache(maxsize=64)
+def vision_block_cost(
+    shape: ModelShape, dtype: str, grid: tuple[int, int, int], windowed: bool, grad: bool
+) -> LayerCost:
+    """One vision block over one video of ``grid`` (t, h, w patches)."""
+    mode = HalfFake()
+    model = _model(_depth_one(shape, full_vision_block=not windowed), getattr(torch, dtype), 0, ())
+    block = model.model.visual.blocks[0]
+    fake_parameters(block, mode)
+    block.requires_grad_(grad)
+    patches = grid[0] * grid[1] * grid[2]
+    head_dim = shape.vision_hidden // shape.vision_heads
+    chunks = vision_chunks(shape, grid, windowed)
+
+    def call(requires_grad: bool):
+        states = mode.empty(
+            (patches, shape.vision_hidden), getattr(torch, dtype), requires_grad=requires_grad
+        )
+        rotary = (
+            mode.empty((patches, head_dim), torch.float32),
+            mode.empty((patches, head_dim), torch.float32),
+        )
+        return block(states, cu_seqlens=chunks, position_embeddings=rotary)
+
+    with mode:
+        return trace(call, [p for p in block.parameters() if p.requires_grad], grad)
+
+
+@functools.lru_cache(maxsize=64)
+def vision_tower_cost(
+    shape: ModelShape, dtype: str, grid: tuple[int, int, int], grad: bool, deepstack: bool = False
+):
+    """The vision tower cut to one (frame-attention) block, with one DeepStack merger if ``deepstack``: its stem
+    (patch embedding, positions) and merger come out as this minus :func:`vision_block_cost`."""
+    mode = HalfFake()
+    config = _depth_one(shape)
+    if deepstack:
+        config.vision_config.deepstack_visual_indexes = [0]  # one DeepStack merger
+    model = _model(config, getattr(torch, dtype), 0, ())
+    visual = model.model.visual
+    fake_parameters(visual, mode)
+    visual.requires_grad_(grad)
+    patches = grid[0] * grid[1] * grid[2]
+    pixels = torch.zeros(patches, shape.patch_values)  # float32, as the processor makes them
+
+    def call(requires_grad: bool):
+        out = visual(pixels, grid_thw=torch.tensor([grid]))
+        return out.pooler_output if not deepstack else torch.cat([out.pooler_output, *out.deepstack_features])
+
+    with mode:
+        return trace(call, [p for p in visual.parameters() if p.requires_grad], grad)

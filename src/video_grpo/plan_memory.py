@@ -1,0 +1,440 @@
+"""GPU memory of one GRPO step, by phase and by category, composed from the model's sizes and traced layer costs.
+
+The step is walked in the order it runs, keeping a ledger of what is alive: generation (prefill, the KV cache
+copied to the G rows, decoding), the old-policy and reference forwards, the loss forward and backward of one
+micro-batch, the optimizer step. Each phase reports its peak and what it is made of:
+
+- ``weights``: the policy's parameters (ZeRO-3: this rank's shard, plus the full copy gathered to generate);
+- ``gradients``, ``optimizer states`` (nothing on the GPU when offloaded), ``reference`` (a copy for beta > 0;
+  LoRA's reference is the adapter switched off, no copy);
+- ``kv cache``; ``vision activations`` (pixels, the tower's saved tensors, cached features);
+  ``lm activations`` (embeddings, masks, the decoder layers' saved tensors); ``logits and log-probs`` (the LM
+  head's buffers, TRL's fused head on both paths).
+
+Layer activations come from :mod:`video_grpo.plan_layers` (traced at the real sizes); the rest is arithmetic here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from video_grpo.plan_layers import LayerCost, text_layer_cost, vision_block_cost, vision_tower_cost
+from video_grpo.plan_model import DEFAULT_LORA_TARGETS, ModelShape
+from video_grpo.plan_workload import Workload
+
+CATEGORIES = (
+    "weights",
+    "gradients",
+    "optimizer states",
+    "reference",
+    "kv cache",
+    "vision activations",
+    "lm activations",
+    "logits and log-probs",
+)
+PHASES = ("generation", "old_and_reference", "loss", "optimizer")
+CATEGORY_OF = {"logits": "logits and log-probs"}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+TOKEN_TILE, VOCAB_TILE = 4096, 32768  # TRL's fused LM head: tokens x vocabulary per projection tile
+CPU_TILE_COPIES = 7  # float32 tile-sized temporaries of TRL's torch fallback (no Triton) in its backward
+PIXEL_BYTES = 4  # the processor's pixels stay float32 on every path (processing's dtype policy)
+
+
+@dataclass
+class PhaseMemory:
+    peak: int = 0
+    by_category: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class MemoryPlan:
+    phases: dict[str, PhaseMemory]
+    host_bytes: int = 0  # offloaded optimizer states and parameters, in CPU RAM per process
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=lambda name: self.phases[name].peak)
+
+    @property
+    def peak(self) -> int:
+        return self.phases[self.peak_phase].peak
+
+    @property
+    def peak_category(self) -> str:
+        categories = self.phases[self.peak_phase].by_category
+        return max(categories, key=categories.get)
+
+
+class Ledger:
+    """Live bytes by category; :meth:`moment` records a candidate peak of the current phase (with transients)."""
+
+    def __init__(self) -> None:
+        self.live: Counter = Counter()
+        self.phase = PhaseMemory()
+
+    def moment(self, **transient: int) -> None:
+        """Record the live bytes plus ``transient`` ones (keyword = category with ``_`` for spaces, ``logits``
+        for "logits and log-probs") as the phase's peak if they are more than any moment before."""
+        now = self.live + Counter(
+            {CATEGORY_OF.get(k, k.replace("_", " ")): v for k, v in transient.items() if v}
+        )
+        total = sum(now.values())
+        if total > self.phase.peak:
+            self.phase = PhaseMemory(total, {k: v for k, v in now.items() if v})
+
+    def take_phase(self) -> PhaseMemory:
+        phase, self.phase = self.phase, PhaseMemory()
+        return phase
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Token and row counts of one step, derived from the workload."""
+
+    prompt: int
+    answer: int
+    patches: int  # vision patches of one video
+    grid: tuple[int, int, int]
+    loss_rows: int  # rows of the old/ref/loss forward (packed: one per prompt)
+    loss_length: int  # their length
+    loss_videos: int  # distinct videos of one micro-batch
+    scored: int  # answer tokens scored per micro-batch
+    generation_videos: int
+    generation_rows: int
+
+
+def step_sizes(shape: ModelShape, work: Workload) -> Sizes:
+    merge = shape.merge
+    per_side = max(1, round(work.frame_tokens**0.5))
+    grid = (work.temporal_patches, per_side * merge, (work.frame_tokens // per_side) * merge)
+    patches = grid[0] * grid[1] * grid[2]
+    prompts = work.prompts_per_micro_batch
+    answers = min(work.group_size, work.micro_batch_rows)  # answers of one prompt in a micro-batch
+    if work.shared_prefix:
+        rows, length = prompts, work.prompt_tokens - 1 + answers * work.completion_tokens
+    else:
+        rows, length = work.micro_batch_rows, work.prompt_tokens + work.completion_tokens
+    videos = prompts if work.encode_once else work.micro_batch_rows
+    return Sizes(
+        prompt=work.prompt_tokens,
+        answer=work.completion_tokens,
+        patches=patches,
+        grid=grid,
+        loss_rows=rows,
+        loss_length=length,
+        loss_videos=videos,
+        scored=work.micro_batch_rows * work.completion_tokens,
+        generation_videos=work.prompts_per_generation,
+        generation_rows=work.generation_rows,
+    )
+
+
+def model_states(shape: ModelShape, work: Workload) -> dict[str, int]:
+    """Per-GPU bytes of weights, reference, gradients and optimizer states, and the host RAM of offloading.
+
+    DeepSpeed (ZeRO stage >= 1, bf16): 2 bytes of weights, 2 of gradients and 12 of optimizer state (float32
+    master weights and Adam's two moments) per parameter; stage 1 shards the 12, stage 2 also the gradients,
+    stage 3 also the weights. Without DeepSpeed: gradients and Adam's moments in the weights' dtype."""
+    b = DTYPE_BYTES[work.dtype]
+    n = max(1, work.num_processes)
+    trainable = trainable_params(shape, work)
+    weights = shape.params * b / (n if work.zero_stage == 3 else 1)
+    if work.offload_params and work.zero_stage == 3:
+        weights = 0
+    reference = (
+        0
+        if (not work.beta or work.training == "lora")
+        else shape.params * b / (n if work.zero_stage == 3 else 1)
+    )
+    # PEFT keeps LoRA adapters in float32 (autocast_adapter_dtype); DeepSpeed's bf16 engine casts every weight
+    lora = work.training == "lora"
+    trained_bytes = 4 if lora else b
+    if work.zero_stage >= 1:
+        grads = trainable * 2 / (n if work.zero_stage >= 2 else 1)
+        states = trainable * 12 / n
+    else:
+        grads = trainable * trained_bytes
+        states = trainable * 2 * trained_bytes
+    host = 0
+    if work.offload_optimizer:
+        host, states = states, 0
+    if work.offload_params and work.zero_stage == 3:
+        host += shape.params * b / n
+    if lora:  # the adapters are weights besides the model's
+        weights += trainable * (2 if work.zero_stage >= 1 else 4)
+    return {
+        "weights": int(weights),
+        "reference": int(reference),
+        "gradients": int(grads),
+        "optimizer states": int(states),
+        "host": int(host),
+    }
+
+
+def lora_params(shape: ModelShape, work: Workload) -> int:
+    return shape.lora_params(work.lora_rank, work.lora_targets or DEFAULT_LORA_TARGETS)
+
+
+def trainable_params(shape: ModelShape, work: Workload) -> int:
+    if work.training == "lora":
+        return lora_params(shape, work)
+    if work.training == "frozen_tower":
+        return shape.params - shape.vision_params
+    return shape.params
+
+
+def head_trains(work: Workload) -> bool:
+    return work.training != "lora"
+
+
+def head_buffers(shape: ModelShape, work: Workload, positions: int) -> tuple[int, int]:
+    """(the projection buffer, one float32 tile) of TRL's fused LM head over ``positions``: the buffer is
+    (up to 4,096 tokens) x 32,768 in the compute dtype whatever the vocabulary; a tile is its used part."""
+    rows = min(positions, TOKEN_TILE)
+    return rows * VOCAB_TILE * DTYPE_BYTES[work.dtype], rows * min(shape.vocab, VOCAB_TILE) * 4
+
+
+def head_forward(shape: ModelShape, work: Workload, tokens: int, scored: int, device: str) -> tuple[int, int]:
+    """(saved, transient peak) bytes of TRL's fused LM head forward over a forward's ``tokens`` positions.
+
+    On a GPU with Triton only the ``scored`` answer positions are projected, and their hidden states are gathered
+    (a copy, kept for backward); the torch fallback (CPU) projects every position. Per token it keeps seven
+    float32 running statistics."""
+    b = DTYPE_BYTES[work.dtype]
+    n = scored if device != "cpu" else tokens
+    saved = (n * shape.hidden * b if device != "cpu" else 0) + n * 4 * 2  # gathered hidden; log Z, log-probs
+    buffer, tile = head_buffers(shape, work, n)
+    # the torch fallback (CPU) also holds the tile in float32, z - max and its exp
+    return saved, n * 4 * 7 + buffer + (3 * tile if device == "cpu" else 0)
+
+
+def head_backward(shape: ModelShape, work: Workload, tokens: int, scored: int, device: str) -> int:
+    """Peak bytes of the fused head's backward: float32 gradients of the hidden states and of the vocabulary
+    projection (when it trains), their casts to the model's dtype, and the projection buffer (the torch fallback
+    on CPU holds several float32 tiles besides)."""
+    b = DTYPE_BYTES[work.dtype]
+    n = scored if device != "cpu" else tokens
+    weight = shape.vocab * shape.hidden if head_trains(work) else 0
+    buffer, tile = head_buffers(shape, work, n)
+    cpu_tiles = (
+        CPU_TILE_COPIES * tile + tile // 4 if device == "cpu" else 0
+    )  # float32 tiles and a boolean one
+    during = n * shape.hidden * 4 + weight * 4 + buffer + cpu_tiles
+    casts = n * shape.hidden * (4 + b) + weight * (4 + b)  # float32 accumulators and their casts, both alive
+    return max(during, casts)
+
+
+def plan_memory(shape: ModelShape, work: Workload, device: str = "cuda") -> MemoryPlan:
+    """The per-GPU memory of one step of ``work`` on ``shape``. ``device="cpu"`` models the CPU kernels (TRL's
+    torch fallback for the LM head) and keeps the rows' pixels resident, as tests and benchmarks run them."""
+    return StepWalk(shape, work, device).run()
+
+
+class StepWalk:
+    """The step in the order it runs, with a :class:`Ledger` of what is alive."""
+
+    def __init__(self, shape: ModelShape, work: Workload, device: str) -> None:
+        self.shape, self.work, self.device = shape, work, device
+        self.b = DTYPE_BYTES[work.dtype]
+        self.sizes = step_sizes(shape, work)
+        self.states = model_states(shape, work)
+        self.ledger = Ledger()
+        self.tower_trains = work.training == "full"
+        self.cached = (
+            not self.tower_trains and work.encode_once
+        )  # a frozen tower's features live through the batch
+        self.lora = (work.lora_rank, work.lora_targets) if work.training == "lora" else (0, ())
+        self.kinds = Counter(shape.text_layers)
+        sizes = self.sizes
+        self.pixels = sizes.generation_videos * sizes.patches * shape.patch_values * PIXEL_BYTES
+        visual_tokens = sizes.patches // shape.merge**2
+        self.features = (
+            sizes.generation_videos * visual_tokens * shape.out_hidden * self.b * (1 + shape.deepstack_levels)
+        )
+
+    def run(self) -> MemoryPlan:
+        live = self.ledger.live
+        live.update(
+            {k: v for k, v in self.states.items() if k in ("weights", "reference", "optimizer states")}
+        )
+        if self.device == "cpu":
+            live["vision activations"] += self.pixels  # the rows' processed pixels, on the device all along
+        phases = {
+            "generation": self.generation(),
+            "old_and_reference": self.old_and_reference(),
+            "loss": self.loss(),
+            "optimizer": self.optimizer(),
+        }
+        return MemoryPlan(phases, host_bytes=self.states["host"])
+
+    def text_layer(
+        self, kind: str, rows: int, length: int, mask: bool, grad: bool, input_grad: bool = True
+    ) -> LayerCost:
+        return text_layer_cost(
+            self.shape, kind, self.work.dtype, rows, length, mask, grad, *self.lora, input_grad=input_grad
+        )
+
+    def generation(self) -> PhaseMemory:
+        shape, work, sizes, ledger, b = self.shape, self.work, self.sizes, self.ledger, self.b
+        ledger.moment()
+        if work.zero_stage == 3 and work.gather_for_generation:  # the whole policy gathered on every rank
+            ledger.live["weights"] += int(shape.params * b * (1 - 1 / max(1, work.num_processes)))
+        # generation's input: each distinct video once with one prefill per prompt, else one copy per row (and on
+        # the CPU the rows' own pixels are there besides)
+        rows_per_video = max(1, sizes.generation_rows // max(1, sizes.generation_videos))
+        copies = (0 if self.device == "cpu" else 1) if work.shared_prefix else rows_per_video
+        ledger.live["vision activations"] += copies * self.pixels
+        videos = sizes.generation_videos
+        tower = vision_tower_cost(shape, work.dtype, sizes.grid, False)
+        ledger.moment(vision_activations=tower.nograd_peak * videos)
+        shared = work.shared_prefix
+        rows, length = (videos, sizes.prompt - 1) if shared else (sizes.generation_rows, sizes.prompt)
+        features = self.features * (1 if shared else sizes.generation_rows // max(1, videos))
+        if self.cached:
+            ledger.live["vision activations"] += self.features  # the frozen tower's cache, kept for the batch
+        kv_token = shape.kv_bytes_per_token(b)
+        layers = max(1, len(shape.text_layers))
+        embeddings = (
+            2 * rows * length * shape.hidden * b
+        )  # the token embeddings, then with the video scattered in
+        for kind, count in self.kinds.items():
+            layer = self.text_layer(kind, rows, length, False, False)
+            for _ in range(count):
+                ledger.moment(lm_activations=embeddings + layer.nograd_peak, vision_activations=features)
+                ledger.live["kv cache"] += rows * length * kv_token // layers
+        ledger.live["kv cache"] = rows * length * kv_token + rows * shape.linear_state_bytes()
+        ledger.moment(lm_activations=embeddings, vision_activations=features)
+        rows = sizes.generation_rows
+        if shared:  # the prompt's cache copied to the G rows, one layer at a time
+            ledger.live["kv cache"] = rows * length * kv_token + rows * shape.linear_state_bytes()
+        final = rows * (sizes.prompt - 1 + sizes.answer) * kv_token + rows * shape.linear_state_bytes()
+        ledger.live["kv cache"] = final
+        # the last token: one layer's cache grown by a copy, and the sampler's float32 logits and probabilities
+        ledger.moment(kv_cache=final // layers, logits=rows * shape.vocab * (b + 4 + 4))
+        phase = ledger.take_phase()
+        ledger.live["kv cache"] = 0
+        ledger.live["weights"] = self.states["weights"] + self.zero3_gathered()
+        ledger.live["vision activations"] -= copies * self.pixels
+        if self.cached and self.device != "cpu":
+            ledger.live["vision activations"] += self.pixels  # the cache keeps the pixels to compare against
+        return phase
+
+    def forward_inputs(self) -> int:
+        """Embeddings (twice: before and after the video is scattered in), the attention mask, ids, positions and
+        the pixels of a loss-shaped forward (one copy per row on the plain path; packed, one per prompt, which on
+        the CPU is the rows' own tensor when the micro-batch has one prompt)."""
+        sizes, shape, work = self.sizes, self.shape, self.work
+        tokens = sizes.loss_rows * sizes.loss_length
+        mask = sizes.loss_rows * sizes.loss_length**2  # boolean; packed rows, or padded plain rows
+        video = sizes.patches * shape.patch_values * PIXEL_BYTES
+        if not work.shared_prefix:
+            pixels = work.micro_batch_rows * video
+        else:
+            pixels = 0 if (self.device == "cpu" and sizes.loss_videos == 1) else sizes.loss_videos * video
+        return 2 * tokens * shape.hidden * self.b + mask + tokens * 8 * 4 + pixels
+
+    def zero3_gathered(self) -> int:
+        """ZeRO-3 gathers each module's weights when it runs; the largest at once is the vocabulary projection
+        (or embedding), gathered for the LM head, with the next layer prefetched."""
+        work, shape = self.work, self.shape
+        if work.zero_stage != 3:
+            return 0
+        largest_layer = max(shape.text_layer_params.values())
+        return (shape.largest_layer_params + largest_layer) * self.b
+
+    def kept_inputs(self) -> int:
+        sizes = self.sizes
+        tokens = sizes.loss_rows * sizes.loss_length
+        return sizes.loss_rows * sizes.loss_length**2 + tokens * self.shape.hidden + tokens * 8 * 4
+
+    def old_and_reference(self) -> PhaseMemory:
+        shape, work, sizes, ledger = self.shape, self.work, self.sizes, self.ledger
+        ledger.moment()
+        forwards = int(work.old_policy_pass) + int(bool(work.beta))
+        tokens = sizes.loss_rows * sizes.loss_length
+        if forwards:
+            ledger.live["logits and log-probs"] += forwards * sizes.generation_rows * sizes.answer * 4
+            pixels = sizes.loss_videos * sizes.patches * shape.patch_values * PIXEL_BYTES
+            inputs = self.forward_inputs()
+            if not self.cached:
+                tower = vision_tower_cost(shape, work.dtype, sizes.grid, False)
+                on_device = pixels if self.device != "cpu" else 0
+                ledger.moment(vision_activations=on_device + tower.nograd_peak * sizes.loss_videos)
+            for kind in self.kinds:
+                layer = self.text_layer(kind, sizes.loss_rows, sizes.loss_length, True, False)
+                ledger.moment(lm_activations=inputs + layer.nograd_peak)
+            saved, transient = head_forward(shape, work, tokens, sizes.scored, self.device)
+            ledger.moment(lm_activations=inputs, logits=saved + transient)
+        return ledger.take_phase()
+
+    def loss(self) -> PhaseMemory:
+        shape, work, sizes, ledger, b = self.shape, self.work, self.sizes, self.ledger, self.b
+        live = ledger.live
+        grads_before = (
+            self.states["gradients"] if work.gradient_accumulation > 1 or work.zero_stage >= 1 else 0
+        )
+        live["gradients"] = grads_before
+        ledger.moment()
+        videos = sizes.loss_videos
+        vision_saved = 0
+        if self.tower_trains:
+            if self.device != "cpu":
+                live["vision activations"] += videos * sizes.patches * shape.patch_values * PIXEL_BYTES
+            tower = vision_tower_cost(shape, work.dtype, sizes.grid, True)
+            block = vision_block_cost(shape, work.dtype, sizes.grid, False, True)
+            per_block = (block.output if work.gradient_checkpointing else block.retained) * videos
+            for _ in range(shape.vision_depth):
+                ledger.moment(vision_activations=vision_saved + block.forward_peak * videos)
+                vision_saved += per_block
+            vision_saved += max(0, tower.retained - block.retained) * videos  # stem and merger
+            live["vision activations"] += vision_saved
+        live["lm activations"] += self.forward_inputs()
+        tokens = sizes.loss_rows * sizes.loss_length
+        kept_by_layer = []
+        for index, kind in enumerate(shape.text_layers):
+            # LoRA's frozen embedding gives the first layer an input without grad, unless checkpointing (which
+            # makes the embeddings require grad)
+            first_without = index == 0 and work.training == "lora" and not work.gradient_checkpointing
+            layer = self.text_layer(kind, sizes.loss_rows, sizes.loss_length, True, True, not first_without)
+            ledger.moment(lm_activations=layer.forward_peak)
+            kept = layer.output if work.gradient_checkpointing else layer.retained
+            live["lm activations"] += kept
+            kept_by_layer.append((layer, kept))
+        live["lm activations"] += tokens * shape.hidden * 8  # the final norm's saved tensors
+        saved, transient = head_forward(shape, work, tokens, sizes.scored, self.device)
+        ledger.moment(logits=saved + transient)
+        # the forward's inputs are dropped when it returns, but for what backward keeps of them: the attention
+        # mask, the video placeholders' (tokens x hidden) boolean mask, ids and positions
+        live["lm activations"] += self.kept_inputs() - self.forward_inputs()
+        live["logits and log-probs"] += saved
+        ledger.moment(logits=head_backward(shape, work, tokens, sizes.scored, self.device))
+        live["logits and log-probs"] -= saved
+        if head_trains(work) and not grads_before:
+            live["gradients"] += shape.vocab * shape.hidden * b
+        live["lm activations"] -= tokens * shape.hidden * 8
+        flowing = tokens * shape.hidden * (4 + b)  # the gradient arriving from the head, and its cast
+        for layer, kept in reversed(kept_by_layer):
+            recompute = layer.forward_peak if work.gradient_checkpointing else 0
+            ledger.moment(
+                lm_activations=flowing + max(recompute, layer.retained - kept) + layer.backward_peak
+            )
+            live["lm activations"] -= kept
+            if not grads_before:
+                live["gradients"] += layer.param_grads
+        live["lm activations"] = 0
+        if self.tower_trains:
+            block = vision_block_cost(shape, work.dtype, sizes.grid, False, True)
+            for _ in range(shape.vision_depth):
+                recompute = block.forward_peak * videos if work.gradient_checkpointing else 0
+                ledger.moment(vision_activations=recompute + block.backward_peak * videos)
+                live["vision activations"] -= per_block
+            live["vision activations"] -= vision_saved - per_block * shape.vision_depth
+            if self.device != "cpu":
+                live["vision activations"] -= videos * sizes.patches * shape.patch_values * PIXEL_BYTES
+        live["gradients"] = self.states["gradients"]
+        return ledger.take_phase()
+
+    def optimizer(self) -> PhaseMemory:
+        self.ledger.moment()
+        return self.ledger.take_phase()

@@ -1,0 +1,207 @@
+"""What one GPU does in one GRPO step of a recipe, in the numbers the planner needs: tokens, rows, settings.
+
+Read from the recipe YAML (with the defaults of ``GRPOScriptArguments``, TRL's ``GRPOConfig`` and ``ModelConfig``
+for what it leaves out) and an accelerate config, without building any of them: a recipe is planned on a
+machine that may have neither the data nor a GPU.
+
+The video is planned at its worst case: the most visual tokens the recipe's budget allows
+(``video_max_tokens``, ``video_max_frames`` x ``video_max_pixels``), and every answer at
+``max_completion_length``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from video_grpo.families import ModelFamily
+
+PROMPT_TEXT_TOKENS = (
+    160  # the default instruction, a 14-word query and the chat template: 146 tokens in Qwen's
+)
+# tokenizer (measured on the default prompt), plus room for longer queries
+TIME_TEXT_TOKENS = (
+    7  # "<12.3 seconds>" before each temporal patch in Qwen3 families (6 under 10 s, 8 from 100 s)
+)
+CHARS_PER_TOKEN = 3.5  # for a recipe's own prompt_template: English text in Qwen's tokenizer, roughly
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One rank's share of one GRPO step."""
+
+    visual_tokens: int  # language-model tokens of one video, worst case
+    temporal_patches: int  # frame pairs of that video (its grid's t)
+    frame_tokens: int  # tokens per frame pair (h x w / merge**2)
+    text_tokens: int  # prompt tokens that are not video placeholders (time text included)
+    completion_tokens: int  # every answer at max_completion_length
+    group_size: int  # G
+    micro_batch_rows: int  # per_device_train_batch_size
+    generation_rows: int  # rows generated at once on this rank: micro-batch x steps_per_generation
+    gradient_accumulation: int = 1
+    shared_prefix: bool = True  # packed old/ref/loss forwards and one prefill per prompt
+    encode_once: bool = True
+    gradient_checkpointing: bool = True
+    training: str = "full"  # "full", "lora" or "frozen_tower"
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
+    beta: float = 0.0
+    old_policy_pass: bool = False
+    dtype: str = "bfloat16"  # the weights' dtype
+    mixed_precision: bool = True  # DeepSpeed's bf16: fp32 master weights in the optimizer
+    zero_stage: int = 0  # 0 = no DeepSpeed
+    num_processes: int = 1
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    gather_for_generation: bool = True  # TRL's ds3_gather_for_generation
+    sources: dict = field(default_factory=dict, compare=False)  # where each number came from, for the report
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.text_tokens + self.visual_tokens
+
+    @property
+    def prompts_per_micro_batch(self) -> int:
+        return max(1, self.micro_batch_rows // self.group_size)
+
+    @property
+    def prompts_per_generation(self) -> int:
+        return max(1, math.ceil(self.generation_rows / self.group_size))
+
+    def replace(self, **changes) -> Workload:
+        return dataclasses.replace(self, **changes)
+
+
+def worst_case_video(
+    family: ModelFamily, max_tokens: int, max_frames: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int, int]:
+    """(visual tokens, temporal patches, tokens per frame pair) of the largest video the sampler allows.
+
+    The sampler (:func:`video_grpo.video.plan_sampling`) shrinks frames to fit ``max_tokens``, then drops frames;
+    so a video has at most ``max_tokens`` tokens, and at most ``max_frames / 2`` pairs of ``max_pixels``."""
+    per_token = family.pixels_per_token
+    pairs = max(1, max_frames // family.temporal_patch)
+    per_pair_max = max(1, max_pixels // per_token)
+    per_pair_min = max(1, min_pixels // per_token)
+    tokens = min(max_tokens, pairs * per_pair_max)
+    pairs = max(1, min(pairs, max_tokens // per_pair_min))  # each pair costs at least min_pixels
+    per_pair = max(1, tokens // pairs)
+    return per_pair * pairs, pairs, per_pair
+
+
+def text_tokens(family: ModelFamily, prompt_template: str | None, temporal_patches: int) -> int:
+    """Prompt tokens around the video: the template and chat markup, and Qwen3's time text per frame pair."""
+    from video_grpo.configs import DEFAULT_PROMPT
+
+    text = PROMPT_TEXT_TOKENS
+    if prompt_template and prompt_template != DEFAULT_PROMPT:
+        text = PROMPT_TEXT_TOKENS - round(len(DEFAULT_PROMPT) / CHARS_PER_TOKEN)
+        text += round(len(prompt_template) / CHARS_PER_TOKEN)
+    if family.time_in_text:
+        text += temporal_patches * (
+            TIME_TEXT_TOKENS + 2
+        )  # "<t seconds>", vision start and end per frame pair
+    else:
+        text += 2  # vision start and end around the video
+    return text
+
+
+def recipe_values(path: str | Path) -> dict:
+    """The recipe's fields over the defaults of the three dataclasses it fills (nothing is instantiated)."""
+    import yaml
+    from trl import GRPOConfig, ModelConfig
+
+    from video_grpo.configs import GRPOScriptArguments
+
+    values: dict = {}
+    for cls in (GRPOConfig, ModelConfig, GRPOScriptArguments):
+        for spec in dataclasses.fields(cls):
+            if spec.default is not dataclasses.MISSING:
+                values[spec.name] = spec.default
+            elif spec.default_factory is not dataclasses.MISSING:
+                values[spec.name] = spec.default_factory()
+    with open(path) as f:
+        recipe = yaml.safe_load(f) or {}
+    unknown = sorted(set(recipe) - set(values))
+    if unknown:
+        raise ValueError(f"{path}: unknown fields {unknown}; they are not fields of the recipe's dataclasses")
+    values.update(recipe)
+    return values
+
+
+def accelerate_values(path: str | Path | None, num_processes: int | None, zero_stage: int | None) -> dict:
+    """Processes, ZeRO stage, offload and mixed precision from an accelerate config, or from the flags."""
+    values = {"num_processes": 1, "zero_stage": 0, "offload_optimizer": False, "offload_params": False}
+    values["mixed_precision"] = None
+    if path is not None:
+        import yaml
+
+        with open(path) as f:
+            config = yaml.safe_load(f) or {}
+        deepspeed = config.get("deepspeed_config") or {}
+        values.update(
+            num_processes=int(config.get("num_processes", 1)),
+            zero_stage=int(deepspeed.get("zero_stage", 0))
+            if config.get("distributed_type") == "DEEPSPEED"
+            else 0,
+            offload_optimizer=deepspeed.get("offload_optimizer_device", "none") not in (None, "none"),
+            offload_params=deepspeed.get("offload_param_device", "none") not in (None, "none"),
+            mixed_precision=config.get("mixed_precision"),
+        )
+    if num_processes is not None:
+        values["num_processes"] = num_processes
+    if zero_stage is not None:
+        values["zero_stage"] = zero_stage
+    return values
+
+
+def workload_from_recipe(
+    recipe: dict, family: ModelFamily, launch: dict, stateful_text: bool = False
+) -> Workload:
+    """The :class:`Workload` of a recipe's values (:func:`recipe_values`) on a launch (:func:`accelerate_values`).
+
+    ``stateful_text``: the model has sequence-state layers (Qwen3.5), where the shared prompt falls back to the
+    plain forward."""
+    visual, pairs, per_pair = worst_case_video(
+        family,
+        recipe["video_max_tokens"],
+        recipe["video_max_frames"],
+        recipe["video_min_pixels"],
+        recipe["video_max_pixels"],
+    )
+    rows = int(recipe["per_device_train_batch_size"])
+    steps_per_generation = recipe.get("steps_per_generation") or recipe["gradient_accumulation_steps"]
+    lora = bool(recipe.get("use_peft"))
+    training = "lora" if lora else "frozen_tower" if recipe.get("freeze_vision_tower") else "full"
+    dtype = recipe.get("dtype") or "float32"
+    dtype = "float32" if dtype in ("auto", None) else dtype
+    mixed = (launch["mixed_precision"] or ("bf16" if recipe.get("bf16") else "no")) == "bf16"
+    shared = recipe.get("shared_prefix") is not False and not stateful_text
+    return Workload(
+        visual_tokens=visual,
+        temporal_patches=pairs,
+        frame_tokens=per_pair,
+        text_tokens=text_tokens(family, recipe.get("prompt_template"), pairs),
+        completion_tokens=int(recipe["max_completion_length"]),
+        group_size=int(recipe["num_generations"]),
+        micro_batch_rows=rows,
+        generation_rows=rows * int(steps_per_generation),
+        gradient_accumulation=int(recipe["gradient_accumulation_steps"]),
+        shared_prefix=shared,
+        gradient_checkpointing=bool(recipe.get("gradient_checkpointing")),
+        training=training,
+        lora_rank=int(recipe.get("lora_r") or 0) if lora else 0,
+        lora_targets=tuple(recipe.get("lora_target_modules") or ()) if lora else (),
+        beta=float(recipe.get("beta") or 0.0),
+        old_policy_pass=int(recipe.get("num_iterations") or 1) > 1
+        or int(steps_per_generation) > int(recipe["gradient_accumulation_steps"]),
+        dtype=dtype,
+        mixed_precision=mixed and launch["zero_stage"] > 0,
+        zero_stage=launch["zero_stage"],
+        num_processes=launch["num_processes"],
+        offload_optimizer=launch["offload_optimizer"],
+        offload_params=launch["offload_params"],
+        gather_for_generation=bool(recipe.get("ds3_gather_for_generation", True)),
+    )
