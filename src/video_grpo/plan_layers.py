@@ -133,7 +133,12 @@ def text_layer_cost(
         )
         positions = torch.arange(length)[None].expand(3, rows, length)
         embeddings = language.rotary_emb(states, positions)
-        attention = torch.ones(rows, 1, length, length, dtype=torch.bool) if mask else None
+        # A linear-attention layer (Qwen3.5) takes no 4-D mask: its model passes it None when no row is padded
+        attention = (
+            torch.ones(rows, 1, length, length, dtype=torch.bool)
+            if mask and kind != "linear_attention"
+            else None
+        )
         return layer(
             hidden_states=states,
             attention_mask=attention,
@@ -204,7 +209,8 @@ def vision_tower_cost(
     pixels = torch.zeros(patches, shape.patch_values)  # float32, as the processor makes them
 
     def call(requires_grad: bool):
-        out = visual(pixels, grid_thw=torch.tensor([grid]))
+        # get_video_features casts the pixels to the tower's dtype before the tower runs, in every family
+        out = visual(pixels.to(getattr(torch, dtype)), grid_thw=torch.tensor([grid]))
         return out.pooler_output if not deepstack else torch.cat([out.pooler_output, *out.deepstack_features])
 
     with mode:

@@ -44,10 +44,15 @@ def load_model_config(
 
 
 def meta_model(config, dtype: torch.dtype = torch.bfloat16):
-    """The model of ``config`` on the meta device: every parameter's shape and dtype, no storage."""
-    from transformers import AutoModelForImageTextToText
+    """The model of ``config`` on the meta device: every parameter's shape and dtype, no storage.
 
-    with torch.device("meta"):
+    Inside a ZeRO-3 launch transformers wraps ``from_config`` in ``deepspeed.zero.Init``, which broadcasts every
+    parameter to the other ranks; the planner runs on rank 0 alone, so that broadcast would have no partner and
+    the launch would abort. ``set_zero3_state`` tells transformers that ZeRO-3 init is already handled."""
+    from transformers import AutoModelForImageTextToText
+    from transformers.modeling_utils import set_zero3_state
+
+    with torch.device("meta"), set_zero3_state():
         return AutoModelForImageTextToText.from_config(config, dtype=dtype)
 
 
@@ -82,6 +87,7 @@ class ModelShape:
     windowed_blocks: int  # Qwen2.5-VL's window-attention blocks; the rest attend within a frame
     window_patches: int  # patches per window side (window_size / patch_size)
     linear_attention: dict = field(default_factory=dict)  # Qwen3.5's Gated DeltaNet sizes
+    linear_layers: tuple[tuple[str, int], ...] = ()  # (name, in + out) of every language-model linear layer
 
     @property
     def params(self) -> int:
@@ -106,17 +112,10 @@ class ModelShape:
         conv_channels = 2 * spec["key_heads"] * spec["key_dim"] + spec["value_heads"] * spec["value_dim"]
         return layers * (recurrent + conv_channels * (spec["conv_kernel"] - 1) * 2)
 
-    def lora_params(self, rank: int, targets: tuple[str, ...], include_vision: bool = False) -> int:
-        """LoRA parameters PEFT adds for ``targets`` (module-name suffixes) at ``rank``, as PEFT matches them."""
-        model = meta_model(self.config)
-        total = 0
-        for name, module in model.named_modules():
-            if not isinstance(module, torch.nn.Linear) or name.rsplit(".", 1)[-1] not in targets:
-                continue
-            if ".visual." in f".{name}." and not include_vision:
-                continue
-            total += rank * (module.in_features + module.out_features)
-        return total
+    def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
+        """LoRA parameters PEFT adds for ``targets`` (module-name suffixes) at ``rank``: rank x (in + out) for
+        each matching linear layer of the language model (the vision tower's are named otherwise)."""
+        return rank * sum(size for name, size in self.linear_layers if name in targets)
 
 
 def read_model_shape(config) -> ModelShape:
@@ -151,7 +150,13 @@ def read_model_shape(config) -> ModelShape:
             "value_dim": text.linear_value_head_dim,
             "conv_kernel": text.linear_conv_kernel_dim,
         }
+    linear_layers = tuple(
+        (name.rsplit(".", 1)[-1], module.in_features + module.out_features)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and name.startswith("model.language_model.")
+    )
     return ModelShape(
+        linear_layers=linear_layers,
         family=family,
         config=config,
         vision_params=count("model.visual."),
