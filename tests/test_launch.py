@@ -135,6 +135,7 @@ def test_accelerate_launch_trains_and_saves(family_model, tmp_path, config, stag
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-5000:]
     assert f"distributed_type=DEEPSPEED num_processes=2 zero_stage={stage}" in log
+    assert "plan: peak" in log and "per GPU in" in log  # the planner's summary, before the model loaded
     # The saved model reloads completely (no missing or random-initialised weights), as full tensors.
     initial, trained = load(tiny_model_dir), load(out)
     assert all(trained[name].shape == tensor.shape for name, tensor in initial.items())

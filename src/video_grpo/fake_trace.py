@@ -60,7 +60,13 @@ class HalfFake(TorchDispatchMode):
                     *args[2:],
                 )  # a real boolean mask: its positions, for real
             with self.fake:
-                return func(*args, **kwargs)
+                result = func(*args, **kwargs)
+            out = kwargs.get("out")
+            if isinstance(out, torch.Tensor) and isinstance(result, torch.Tensor):
+                # a kernel writes into ``out`` even when it is a strided view (TRL's head projects into a slice of
+                # one buffer); fake tensors would give it new storage instead, which a real run never allocates
+                return out
+            return result
         returns = func._schema.returns
         if returns and all(r.alias_info is not None for r in returns):
             return func(*args, **kwargs)  # a view or an in-place update of a real tensor allocates nothing

@@ -10,6 +10,7 @@ Times assume efficiencies, stated in the output: a plan says which phase dominat
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,7 @@ class LinearSizes:
     head: int  # hidden x vocabulary
 
 
+@functools.lru_cache(maxsize=16)
 def linear_sizes(shape: ModelShape) -> LinearSizes:
     model = meta_model(shape.config)
 

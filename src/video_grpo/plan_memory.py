@@ -280,16 +280,24 @@ class StepWalk:
         ledger.moment()
         if work.zero_stage == 3 and work.gather_for_generation:  # the whole policy gathered on every rank
             ledger.live["weights"] += int(shape.params * b * (1 - 1 / max(1, work.num_processes)))
+        else:  # ZeRO-3 without it gathers as it goes, as in training
+            ledger.live["weights"] += self.zero3_gathered()
         # generation's input: each distinct video once with one prefill per prompt, else one copy per row (and on
         # the CPU the rows' own pixels are there besides)
         rows_per_video = max(1, sizes.generation_rows // max(1, sizes.generation_videos))
         copies = (0 if self.device == "cpu" else 1) if work.shared_prefix else rows_per_video
         ledger.live["vision activations"] += copies * self.pixels
         videos = sizes.generation_videos
-        tower = vision_tower_cost(shape, work.dtype, sizes.grid, False)
-        ledger.moment(vision_activations=tower.nograd_peak * videos)
         shared = work.shared_prefix
         rows, length = (videos, sizes.prompt - 1) if shared else (sizes.generation_rows, sizes.prompt)
+        tower = vision_tower_cost(shape, work.dtype, sizes.grid, False)
+        encoded = (
+            videos if work.encode_once else sizes.generation_rows
+        )  # without encode-once, every row's copy
+        # the token embeddings are made before the video features
+        ledger.moment(
+            vision_activations=tower.nograd_peak * encoded, lm_activations=rows * length * shape.hidden * b
+        )
         features = self.features * (1 if shared else sizes.generation_rows // max(1, videos))
         if self.cached:
             ledger.live["vision activations"] += self.features  # the frozen tower's cache, kept for the batch

@@ -1,5 +1,6 @@
-"""``python -m video_grpo.bench perf [--quick]`` and ``python -m video_grpo.bench learning [--plot P] [--quick]``:
-the benchmarks, one JSON line per measurement on stdout (everything else goes to stderr)."""
+"""``python -m video_grpo.bench perf [--quick]``, ``python -m video_grpo.bench learning [--plot P] [--quick]`` and
+``python -m video_grpo.bench plan [--quick]``: the benchmarks, one JSON line per measurement on stdout (everything
+else goes to stderr)."""
 
 from __future__ import annotations
 
@@ -41,8 +42,19 @@ def main(argv: list[str] | None = None) -> int:
         help="fewer test queries and GRPO steps, no guidance/curation runs (about 5 minutes); "
         "a smoke run: 40 steps are too few to show the gain",
     )
+    plan_parser = sub.add_parser("plan", help="the memory and FLOPs planner against measured steps")
+    plan_parser.add_argument("--quick", action="store_true", help="five small cells (about a minute)")
+    plan_parser.add_argument(
+        "--no_full_depth", action="store_true", help="skip the full-depth 3B and 7B traces"
+    )
     args = parser.parse_args(argv)
-    if args.command == "perf":
+    if args.command == "plan":
+        from video_grpo.bench.plan_check import plan_rows
+
+        json_lines.emit_stream = sys.stdout
+        with _TrainerLogsToStderr():
+            plan_rows(args.quick, full_depth=not args.no_full_depth)
+    elif args.command == "perf":
         json_lines.emit_stream = sys.stdout
         with _TrainerLogsToStderr():
             perf.perf(args.quick)
