@@ -20,6 +20,9 @@ from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 from video_grpo.bench.emit import emit
 from video_grpo.bench.qwen_widths import published_config
 from video_grpo.encoder import install
+from video_grpo.plan_memory import plan_memory
+from video_grpo.plan_model import read_model_shape
+from video_grpo.plan_workload import Workload
 
 # Qwen2.5-VL-3B-Instruct's config.json (the reference file when present, else bench.qwen_widths' literal widths).
 QWEN_3B = published_config("3b")[0]
@@ -77,6 +80,33 @@ def step(model, batch, micro_batch: int, completion: int) -> None:
         }
         logits = model(**inputs, logits_to_keep=completion + 1).logits
         logits.float().logsumexp(-1).mean().backward()
+
+
+def planned_peak_gib(config, args, video_tokens: int, text_tokens: int, encode_once: bool) -> float:
+    """What ``video_grpo.plan`` predicts for this step on CUDA: the loss phase of a one-process workload of the same
+    rows (bf16 weights and gradients resident, checkpointing on, every row its own prompt), less the optimizer
+    states, which this step has none of. Its LM head is TRL's chunked one; this step keeps the last
+    ``completion + 1`` logits per row instead, a few hundred MB at the 3B vocabulary."""
+    merge = config.vision_config.spatial_merge_size
+    pairs = args.frames // 2
+    work = Workload(
+        visual_tokens=video_tokens,
+        temporal_patches=pairs,
+        frame_tokens=(args.height // 14) * (args.width // 14) // merge**2,
+        text_tokens=text_tokens,
+        completion_tokens=args.completion,
+        group_size=args.G,
+        micro_batch_rows=min(args.micro_batch, args.G * args.prompts),
+        generation_rows=args.G * args.prompts,
+        gradient_accumulation=max(1, args.G * args.prompts // args.micro_batch),
+        shared_prefix=False,
+        encode_once=encode_once,
+        gradient_checkpointing=True,
+        dtype=args.dtype,
+        mixed_precision=False,
+    )
+    loss = plan_memory(read_model_shape(config), work, "cuda").phases["loss"]
+    return (loss.peak - loss.by_category.get("optimizer states", 0)) / 2**30
 
 
 def main() -> None:
@@ -139,8 +169,19 @@ def main() -> None:
     }
     once, plain = results["once"], results["plain"]
     emit("gpu_train_samples_per_s", samples / once[0], samples / plain[0], "samples/s", **setting)
+    text_tokens = 40 + 2 + 60  # build_batch's text around the video
+    planned = {
+        mode: round(planned_peak_gib(config, args, video_tokens, text_tokens, mode == "once"), 2)
+        for mode in ("once", "plain")
+    }
+    emit(
+        "gpu_peak_memory_planned", planned["once"], planned["plain"], "GiB (video_grpo.plan, CUDA)", **setting
+    )
     if once[1] is not None:
-        emit("gpu_peak_memory", once[1], plain[1], "GiB", **setting)
+        emit("gpu_peak_memory", once[1], plain[1], "GiB", planned_gib=planned, **setting)
+        # the planner beside torch.cuda.max_memory_allocated, per side: ratio = measured / planned
+        for mode, measured in (("once", once[1]), ("plain", plain[1])):
+            emit(f"gpu_peak_memory_vs_plan_{mode}", measured, planned[mode], "GiB", **setting)
 
 
 if __name__ == "__main__":

@@ -47,13 +47,22 @@ def main(argv: list[str] | None = None) -> int:
     plan_parser.add_argument(
         "--no_full_depth", action="store_true", help="skip the full-depth 3B and 7B traces"
     )
+    plan_parser.add_argument(
+        "--cells",
+        help="START:END, a slice of the grid's cells (split a run over processes; 0:0 runs no cell)",
+    )
     args = parser.parse_args(argv)
     if args.command == "plan":
         from video_grpo.bench.plan_check import plan_rows
 
         json_lines.emit_stream = sys.stdout
         with _TrainerLogsToStderr():
-            plan_rows(args.quick, full_depth=not args.no_full_depth)
+            cells = (
+                slice(*(int(part) if part else None for part in args.cells.split(":")))
+                if args.cells
+                else None
+            )
+            plan_rows(args.quick, full_depth=not args.no_full_depth, cells=cells)
     elif args.command == "perf":
         json_lines.emit_stream = sys.stdout
         with _TrainerLogsToStderr():

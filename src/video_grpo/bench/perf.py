@@ -18,8 +18,9 @@
 - ``peak_memory_lora_beta``: peak RSS of a LoRA run with beta = 0.04 vs beta = 0 on a ~108M-parameter
   model (the reference is the base with the adapter off, not a copy).
 - ``lm_positions_per_forward``, ``train_step_time_shared_prefix``, ``peak_memory_shared_prefix``,
-  ``generation_time_shared_prefill``, and (full run only) ``shared_prefix_scaling``: one group's prompt through
-  the language model once vs G times; see :mod:`video_grpo.bench.shared_prefix`.
+  ``generation_time_shared_prefill``, and (full run only) ``shared_prefix_scaling``,
+  ``train_step_time_shared_prefix_full_depth`` and ``peak_memory_shared_prefix_full_depth``: one group's prompt
+  through the language model once vs G times; see :mod:`video_grpo.bench.shared_prefix`.
 - ``encoder_time_scaling`` (full run only): vision-encoder forward+backward time for one video shown to G
   rows, once vs per row, over G, frame count and frame size.
 

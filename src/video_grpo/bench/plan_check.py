@@ -173,14 +173,17 @@ def within(ratio: float | None, goal: float) -> bool:
     return ratio is not None and abs(ratio - 1) <= goal
 
 
-def plan_rows(quick: bool = False, full_depth: bool = True) -> None:
-    """Emit one row per cell, the grid's summary rows, and (unless ``quick``) the full-depth rows."""
+def plan_rows(quick: bool = False, full_depth: bool = True, cells: slice | None = None) -> None:
+    """Emit one row per cell, the grid's summary rows, and (unless ``quick``) the full-depth rows. ``cells``: a
+    slice of the grid (to split a run over processes); the summary rows then cover those cells."""
     results = []
-    for widths, depth, settings in grid(quick):
+    for widths, depth, settings in grid(quick)[cells or slice(None)]:
         result = compare(widths, depth, **settings)
         results.append(result)
         emit("plan_cell", result["planned_gb"], result["measured_gb"], "GB peak per process", **result)
     count = len(results)
+    if not count:
+        return
     peaks = sum(within(r["peak_ratio"], PEAK_GOAL) for r in results)
     flops = sum(all(within(v, FLOPS_GOAL) for v in r["flops_ratios"].values()) for r in results)
     categories = sum(all(within(v, CATEGORY_GOAL) for v in r["category_ratios"].values()) for r in results)

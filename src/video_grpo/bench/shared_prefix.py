@@ -2,7 +2,9 @@
 to one video prompt, scored plain (G rows, each with the prompt) and packed (one row), side by side.
 
 Called by ``python -m video_grpo.bench perf`` (rows ``lm_positions_per_forward``, ``train_step_time_shared_prefix``,
-``peak_memory_shared_prefix``, ``generation_time_shared_prefill``, ``shared_prefix_scaling``) and, on a GPU, by
+``peak_memory_shared_prefix``, ``generation_time_shared_prefill``, ``shared_prefix_scaling``, and from
+:mod:`video_grpo.bench.shared_prefix_depth` ``train_step_time_shared_prefix_full_depth`` and
+``peak_memory_shared_prefix_full_depth``) and, on a GPU, by
 ``scripts/bench_gpu.sh`` (``python -m video_grpo.bench.shared_prefix gpu``). Needs torch, transformers and ``src/``.
 
 - **Model.** Qwen2.5-VL at the published 3B (or 7B) widths, read from ``../shared/reference/qwen2_5_vl`` when
@@ -37,6 +39,7 @@ from video_grpo.bench.group_scoring import answer_logps, group_inputs
 from video_grpo.bench.peak_memory import PeakMemory
 from video_grpo.bench.qwen_widths import WIDTHS, build_model, model_config
 from video_grpo.bench.sdpa_kernel import sdpa_kernel_rows
+from video_grpo.bench.shared_prefix_depth import full_depth_rows
 
 
 def train_step(setting: dict) -> dict:
@@ -234,6 +237,7 @@ def perf_rows(emit, quick: bool) -> None:
         generation_row(emit, "quick", 512, 8, new_tokens=16)
         return
     train_rows(emit, "3b", 2048, 8)
+    full_depth_rows(emit, "3b", 2048, 8)
     generation_row(emit, "3b", 2048, 8)
     scaling_rows(emit)
 
