@@ -284,3 +284,55 @@ def test_sampling_over_two_processes_ends_in_order(tiny_model_dir, tmp_path):
     assert len((out / "samples.jsonl").read_text().splitlines()) == 6
     assert len((out / "per_query.jsonl").read_text().splitlines()) == 3
     assert [end["returned"] for end in ended_in_order(ends)] == [0, 0]
+
+
+def test_a_late_rank_splits_the_same_work(tiny_model_dir, tmp_path):
+    """Each rank lists what is already answered, then takes its share. A rank that starts after another has
+    begun writing must still see the list as it was: here rank 1 starts only once rank 0 has either finished or
+    is waiting for it. On 047d11c rank 0 wrote its 3 answers first, rank 1 saw them as done and split a shorter
+    list, and 2 of the 6 answers were made by no one (the launched test lost one under load)."""
+    import argparse
+    import threading
+    from types import SimpleNamespace
+
+    from video_grpo.evaluate import generate_parts, load_split, merge_parts
+    from video_grpo.families import family_of_model
+
+    dataset, ids = load_split(
+        "configs/grpo/demo_tiny.yaml", family_of_model(str(tiny_model_dir)), "train", None, 3
+    )
+    args = argparse.Namespace(
+        model_name_or_path=str(tiny_model_dir),
+        dtype="float32",
+        batch_size=2,
+        max_new_tokens=4,
+        do_sample=True,
+        temperature=1.0,
+    )
+    barrier, errors = threading.Barrier(2, timeout=300), []
+
+    def rank(index: int) -> None:
+        state = SimpleNamespace(
+            process_index=index,
+            num_processes=2,
+            device="cpu",
+            is_main_process=index == 0,
+            wait_for_everyone=barrier.wait,
+        )
+        try:
+            generate_parts(args, dataset, ids, tmp_path, state, prefix="samples", num_samples=2)
+        except Exception as err:  # noqa: BLE001 (reported below)
+            errors.append(err)
+            barrier.abort()
+
+    first = threading.Thread(target=rank, args=(0,))
+    first.start()
+    while first.is_alive() and barrier.n_waiting == 0:
+        first.join(0.05)
+    second = threading.Thread(target=rank, args=(1,))
+    second.start()
+    first.join(600)
+    second.join(600)
+    assert not errors, errors
+    merged = merge_parts(tmp_path, ids, prefix="samples", num_samples=2)
+    assert len(merged) == 6
