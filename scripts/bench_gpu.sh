@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-# 1. The vision encoder per row (plain TRL) vs once per video, full-depth 3B.
+# 1. The vision encoder per row (plain TRL) vs once per video, full-depth 3B; each side's peak GPU memory is printed
+# beside video_grpo.plan's prediction for the same step (rows gpu_peak_memory_vs_plan_once / _plain).
 # 2 fps x 16 s = 32 frames at 448x448: 4096 visual tokens per video, as in the Charades recipes' upper range
 $PY scripts/bench_gpu.py --frames 32 --height 448 --width 448 --G 8 --prompts 1 --completion 128 --steps 3 "$@"
 # a longer clip at lower resolution: 64 frames of 336x336
