@@ -46,3 +46,17 @@ class PeakMemory:
             self.running = False
             self.thread.join()
             self.added_mb = (max(self.peak, self._rss()) - self.before) / 2**20
+
+
+def in_fresh_process(module: str, function: str, setting: dict) -> dict:
+    """``module.function(setting)`` in a new Python process, its JSON result back: each side of a memory
+    comparison then starts from the same empty state (no allocator cache, no tensors left by the other side)."""
+    import json
+    import subprocess
+    import sys
+
+    code = f"import json; from {module} import {function}; print(json.dumps({function}({setting!r})))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"{module}.{function}({setting}) failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])

@@ -27,8 +27,6 @@ Called by ``python -m video_grpo.bench perf`` (rows ``lm_positions_per_forward``
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
 
@@ -36,7 +34,7 @@ import torch
 
 from video_grpo.bench.emit import emit
 from video_grpo.bench.group_scoring import answer_logps, group_inputs
-from video_grpo.bench.peak_memory import PeakMemory
+from video_grpo.bench.peak_memory import PeakMemory, in_fresh_process
 from video_grpo.bench.qwen_widths import WIDTHS, build_model, model_config
 from video_grpo.bench.sdpa_kernel import sdpa_kernel_rows
 from video_grpo.bench.shared_prefix_depth import full_depth_rows
@@ -78,11 +76,7 @@ def train_step(setting: dict) -> dict:
 
 def run_side(setting: dict) -> dict:
     """:func:`train_step` in a fresh process, so each side's memory starts from the same state."""
-    code = f"import json; from video_grpo.bench.shared_prefix import train_step; print(json.dumps(train_step({setting!r})))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if result.returncode:
-        raise RuntimeError(f"shared_prefix side {setting} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return in_fresh_process("video_grpo.bench.shared_prefix", "train_step", setting)
 
 
 def train_rows(

@@ -22,8 +22,6 @@ the faster of two further steps. Rows: ``train_step_time_shared_prefix_full_dept
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import time
 
@@ -31,6 +29,7 @@ import torch
 
 from video_grpo.bench.emit import emit
 from video_grpo.bench.group_scoring import answer_logps, group_inputs
+from video_grpo.bench.peak_memory import in_fresh_process
 from video_grpo.bench.qwen_widths import build_model, model_config
 from video_grpo.live_memory import LiveBytes
 
@@ -147,14 +146,7 @@ def measure_side(setting: dict) -> dict:
 
 def run_side(setting: dict) -> dict:
     """:func:`measure_side` in a fresh process, so both sides start from the same state."""
-    code = (
-        "import json; from video_grpo.bench.shared_prefix_depth import measure_side; "
-        f"print(json.dumps(measure_side({setting!r})))"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if result.returncode:
-        raise RuntimeError(f"full-depth side {setting} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return in_fresh_process("video_grpo.bench.shared_prefix_depth", "measure_side", setting)
 
 
 def full_depth(side: dict, text_layers: int, vision_blocks: int) -> tuple[float, int]:
