@@ -418,8 +418,13 @@ class StepWalk:
         live["logits and log-probs"] += saved
         ledger.moment(logits=head_backward(shape, work, tokens, sizes.scored, self.device))
         live["logits and log-probs"] -= saved
-        if head_trains(work) and not grads_before:
-            live["gradients"] += shape.vocab * shape.hidden * b
+        # the head's gradient: tied to the input embedding, it waits in autograd's input buffer for the
+        # embedding's (the engine sums the two); untied, it is the weight's gradient now
+        head_grad = shape.vocab * shape.hidden * b if head_trains(work) else 0
+        if shape.tied:
+            live["logits and log-probs"] += head_grad
+        elif not grads_before:
+            live["gradients"] += head_grad
         live["lm activations"] -= tokens * shape.hidden * 8
         flowing = tokens * shape.hidden * (4 + b)  # the gradient arriving from the head, and its cast
         for layer, kept in reversed(kept_by_layer):
@@ -437,9 +442,19 @@ class StepWalk:
                 recompute = block.forward_peak * videos if work.gradient_checkpointing else 0
                 ledger.moment(vision_activations=recompute + block.backward_peak * videos)
                 live["vision activations"] -= per_block
+                if not grads_before:
+                    live["gradients"] += block.param_grads
             live["vision activations"] -= vision_saved - per_block * shape.vision_depth
+            if not grads_before:  # the stem's and the mergers'
+                live["gradients"] += max(0, shape.vision_params * b - block.param_grads * shape.vision_depth)
             if self.device != "cpu":
                 live["vision activations"] -= videos * sizes.patches * shape.patch_values * PIXEL_BYTES
+        # the input embedding's backward comes last (its forward ran before the tower's): its dense gradient,
+        # and if tied, the sum of it and the head's, both alive with the head's until the sum is assigned
+        if head_grad:
+            embedding = shape.vocab * shape.hidden * b
+            ledger.moment(lm_activations=embedding * (2 if shape.tied else 1) + tokens * shape.hidden * b)
+            live["logits and log-probs"] -= head_grad if shape.tied else 0
         live["gradients"] = self.states["gradients"]
         return ledger.take_phase()
 

@@ -134,6 +134,19 @@ def grid(quick: bool) -> list[tuple[str, int | None, dict]]:
             ("narrow", 1, {**base, "gradient_checkpointing": True}),
             ("narrow", 1, {**base, "training": "lora", "beta": 0.04}),
             ("narrow", 1, {**base, "training": "frozen_tower", "dtype": "float32", "old_policy_pass": True}),
+            # few tokens, checkpointed, float32: the step peaks in the input embedding's backward (its dense
+            # gradient, and tied to the head, their sum), after the tower's gradients
+            (
+                "narrow",
+                2,
+                {
+                    "visual_tokens": 64,
+                    "group_size": 2,
+                    "answer_tokens": 8,
+                    "gradient_checkpointing": True,
+                    "dtype": "float32",
+                },
+            ),
         ]
     cells = [(widths, depth, base) for widths in ("3b", "7b", "4b", "8b") for depth in (1, 2)]
     for widths in ("3b", "4b"):
