@@ -380,3 +380,15 @@ def test_eager_mask_is_in_the_model_dtype(tiny_model_dir, dataset, tmp_path):
     additive = packed.model_inputs["attention_mask"]
     assert additive.dtype == torch.bfloat16
     assert additive.max() == 0 and additive.min() == torch.finfo(torch.bfloat16).min
+
+
+def test_qwen3_5_4b_positions_are_close_to_ideal():
+    """At Qwen3.5-4B's widths (configs/models/qwen3_5_4b.json), ~2,000 visual tokens and G = 8, the packed loss
+    forward carries (P + sum C) / (G x (P + C_max)) of the plain path's positions, within 5%, with the state
+    fork on (the count needs the packing only: the model is built on the meta device)."""
+    from video_grpo.bench.shared_prefix_qwen3_5 import packed_positions
+
+    counted = packed_positions("4b", 2048, 8)
+    assert counted["forked"] and counted["visual_tokens"] >= 2000
+    ratio = counted["packed"] / counted["plain"]
+    assert abs(ratio - counted["ideal"]) <= 0.05 * counted["ideal"], counted
