@@ -26,10 +26,11 @@ transformers' pure-torch kernels (CPU, tests) and with the kernels GPU users get
   and the segments each run as one variable-length row instead of padded rows; we do not use it, so the
   pure-torch fallback (which ignores ``cu_seqlens``) and fla compute the same thing.
 - convolution state: the ``kernel - 1`` inputs before a sequence are prepended and the first ``kernel - 1``
-  outputs dropped (what ``Cache.update_conv_state`` does before ``causal_conv1d_fn``). fla's
-  ``causal_conv1d(x, weight, bias, activation, initial_state=...)`` and Dao's ``causal_conv1d_fn(...,
-  initial_states=...)`` take the same inputs as an initial state; prepending them is equivalent and needs no
-  kernel-specific argument.
+  outputs dropped (what ``Cache.update_conv_state`` does before ``causal_conv1d_fn``, which resolves to Dao's
+  ``causal-conv1d`` package when installed). fla's ``causal_conv1d(x, weight, bias, initial_state=...,
+  output_final_state=True, activation=..., cu_seqlens=...)`` (``fla.modules.convolution``, ``x`` as
+  ``[batch, time, channels]``) and Dao's ``causal_conv1d_fn(..., initial_states=...)`` take the same inputs as an
+  initial state; prepending them is equivalent and needs no kernel-specific argument.
 
 :func:`install` wraps ``Qwen3_5GatedDeltaNet.forward`` once per process. The wrapper runs the original forward
 unless the call carries ``state_fork=<StateFork>`` (which :func:`video_grpo.prefix.pack_rows` puts in a packed
