@@ -44,6 +44,9 @@ def test_perf_quick():
         "train_step_time_shared_prefix",
         "peak_memory_shared_prefix",
         "generation_time_shared_prefill",
+        "lm_positions_per_forward_qwen3_5",
+        "train_step_time_shared_prefix_qwen3_5",
+        "peak_memory_shared_prefix_qwen3_5",
     ]
     assert [line["format"] for line in lines if line["name"] == "sample_prep_cache_vs_decode"] == [
         "raw",
@@ -61,6 +64,9 @@ def test_perf_quick():
     positions = next(line for line in lines if line["name"] == "lm_positions_per_forward")
     assert positions["ratio"] <= positions["ideal"] * 1.05 and positions["G"] == 8
     assert next(line for line in lines if line["name"] == "generation_time_shared_prefill")["same_tokens"]
+    # Qwen3.5: the packed forward forks the Gated DeltaNet state, and carries (P + sum C) positions too
+    positions = next(line for line in lines if line["name"] == "lm_positions_per_forward_qwen3_5")
+    assert positions["state_forked"] and positions["ratio"] <= positions["ideal"] * 1.05
 
 
 def test_gpu_benchmark_script_smoke_runs_on_cpu():

@@ -25,6 +25,7 @@ PUBLISHED = {  # model id -> its published config.json in configs/models
     "Qwen/Qwen2.5-VL-7B-Instruct": "qwen2_5_vl_7b_instruct.json",
     "Qwen/Qwen3-VL-4B-Instruct": "qwen3_vl_4b_instruct.json",
     "Qwen/Qwen3-VL-8B-Instruct": "qwen3_vl_8b_instruct.json",
+    "Qwen/Qwen3.5-4B": "qwen3_5_4b.json",
 }
 KEYS = {"peak_gb", "fits", "phase", "by_phase_gb", "by_category_gb", "flops_by_phase", "time_s_by_phase"}
 

@@ -29,7 +29,7 @@ def recipe_family(model_name: str) -> str:
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: path.name)
-def test_shipped_recipe_builds_a_trainer(recipe, family_model, tmp_path):
+def test_shipped_recipe_builds_a_trainer(recipe, family_model, tmp_path, caplog):
     shipped = yaml.safe_load(recipe.read_text())
     family = recipe_family(shipped["model_name_or_path"])
     tiny_model_dir = family_model(family)
@@ -60,3 +60,7 @@ def test_shipped_recipe_builds_a_trainer(recipe, family_model, tmp_path):
             value, expected = getattr(trainer.args, key), shipped[key]
             expected = [] if expected == "none" else expected
             assert value == expected or value == [expected], (key, value, expected)
+    # shared_prefix unset: on in every family (Qwen3.5's Gated DeltaNet state is forked), with no warning
+    if shipped.get("shared_prefix") is None:
+        assert trainer.shared_prefix and trainer.shared_prefill, recipe.name
+        assert "shared_prefix is off" not in caplog.text

@@ -15,7 +15,8 @@ import torch
 from peft import LoraConfig
 
 from video_grpo.data import build_dataset
-from video_grpo.prefix import pack_rows, segment_mask, unsupported_reason
+from video_grpo.prefix import pack_rows, segment_mask
+from video_grpo.processing import video_row_keys
 
 from .test_trainer import SAMPLING, make_trainer
 
@@ -129,6 +130,21 @@ CASES = {
         overrides={"per_device_train_batch_size": 4, "num_generations": 4, "num_iterations": 2},
     ),
 }
+# Qwen3.5 (Gated DeltaNet state forked after the stem): the same two cases; LoRA also on the linear-attention
+# projections, so their adapters' gradients are compared too
+CASES["qwen3_5-beta_ref_copy-num_iterations2-two_prompts"] = dict(
+    CASES["beta_ref_copy-num_iterations2-two_prompts"], family="qwen3_5"
+)
+CASES["qwen3_5-beta_lora-half_group-frozen_tower"] = dict(
+    CASES["beta_lora-half_group-frozen_tower"],
+    family="qwen3_5",
+    trainer_kwargs={
+        "freeze_vision_tower": True,
+        "peft_config": LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "in_proj_qkv", "in_proj_a", "out_proj"]
+        ),
+    },
+)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -171,11 +187,12 @@ def test_shared_prefix_matches_plain_path(case, tiny_model_dir, family_model, da
         )
 
 
-def test_answer_shapes_and_entropies(tiny_model_dir, dataset, tmp_path):
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_5"])
+def test_answer_shapes_and_entropies(family, family_model, train_file, tmp_path):
     """One micro-batch with a 1-token answer, an EOS-terminated one, a clipped one and a fully masked one."""
     trainer = make_trainer(
-        tiny_model_dir,
-        dataset,
+        family_model(family),
+        family_dataset(train_file, family),
         tmp_path,
         max_completion_length=10,
         per_device_train_batch_size=4,
@@ -196,9 +213,7 @@ def test_answer_shapes_and_entropies(tiny_model_dir, dataset, tmp_path):
     results = {}
     for shared in (False, True):
         trainer.shared_prefix = shared
-        trainer._video_rows = {
-            key: inputs[key] for key in ("video_pixels", "video_grid_thw", "second_per_grid_ts")
-        }
+        trainer._video_rows = {key: inputs[key] for key in video_row_keys(trainer.family)}
         with torch.no_grad():
             results[shared] = trainer._get_per_token_logps_and_entropies(
                 trainer.model, full_ids, full_mask, ids.shape[1], compute_entropy=True
@@ -249,13 +264,14 @@ def test_no_answer_sees_another(family, family_model, train_file, tmp_path):
     inputs = micro_batch(generate(trainer, shared=trainer.shared_prefix), slice(0, 4))
     inputs["completion_mask"] = torch.ones_like(inputs["completion_mask"])
     packed_before = trainer.prefix_positions[1]
+    assert trainer.shared_prefix and trainer.shared_prefill
     assert no_leak(trainer, inputs) == 0
-    assert trainer.prefix_positions[1] > packed_before or family == "qwen3_5"
-    assert trainer.shared_prefix == (family != "qwen3_5")
+    assert trainer.prefix_positions[1] > packed_before
 
 
-def test_packing_would_leak_through_linear_attention(family_model, train_file, tmp_path):
-    """Why Qwen3.5 is refused: forced on, a Gated DeltaNet state carries row 0's answer into the others."""
+def test_packing_without_the_state_fork_would_leak(family_model, train_file, tmp_path):
+    """Why Qwen3.5 needs video_grpo.state_fork: packed without it, a Gated DeltaNet state carries row 0's answer
+    into the others."""
     data = family_dataset(train_file, "qwen3_5")
     trainer = make_trainer(
         family_model("qwen3_5"),
@@ -265,19 +281,28 @@ def test_packing_would_leak_through_linear_attention(family_model, train_file, t
         num_generations=4,
         max_completion_length=8,
     )
-    assert "Gated DeltaNet" in unsupported_reason(trainer.model.config)
     inputs = micro_batch(generate(trainer, shared=False), slice(0, 4))
     inputs["completion_mask"] = torch.ones_like(inputs["completion_mask"])
-    trainer.shared_prefix = True  # what the refusal prevents
+    trainer.shared_prefix = True
+    assert no_leak(trainer, inputs) == 0
+    trainer._fork_state = False  # what the state fork prevents
     assert no_leak(trainer, inputs) > 1e-4
 
 
-def test_explicit_shared_prefix_is_refused_where_inexact(family_model, train_file, tmp_path):
+def test_unforkable_state_layers_are_refused(family_model, train_file, tmp_path, monkeypatch):
+    """A stateful layer type the family does not fork is still refused (by default off with a warning; forced on,
+    an error naming the setting)."""
+    from video_grpo import families
+
+    monkeypatch.setattr(families, "QWEN3_5", dataclasses.replace(families.QWEN3_5, forkable_state=()))
+    monkeypatch.setitem(families.FAMILIES, "qwen3_5", families.QWEN3_5)
     data = family_dataset(train_file, "qwen3_5")
     with pytest.raises(
-        ValueError, match="shared_prefix: cannot be exact here: .*Gated DeltaNet.*shared_prefix: false"
+        ValueError, match="shared_prefix: cannot be exact here: .*linear_attention.*shared_prefix: false"
     ):
         make_trainer(family_model("qwen3_5"), data, tmp_path, trainer_kwargs={"shared_prefix": True})
+    trainer = make_trainer(family_model("qwen3_5"), data, tmp_path)
+    assert not trainer.shared_prefix and not trainer.shared_prefill
 
 
 def test_segment_mask():
@@ -303,14 +328,13 @@ def test_unpackable_layout_is_reported_not_guessed():
 
 
 @pytest.mark.parametrize(
-    ("family", "attention", "why"),
-    [
-        ("qwen3_5", "sdpa", "Gated DeltaNet"),
-        ("qwen2_5_vl", "flash_attention_2", "takes no custom 4-D attention mask"),
-        ("qwen3_vl", "flex_attention", "takes no custom 4-D attention mask"),
-    ],
+    ("family", "attention"),
+    [("qwen2_5_vl", "flash_attention_2"), ("qwen3_vl", "flex_attention"), ("qwen3_5", "flash_attention_2")],
 )
-def test_recipe_validation_refuses_before_the_model_loads(family, attention, why, family_model):
+def test_recipe_validation_refuses_before_the_model_loads(family, attention, family_model):
+    """flash_attention_2 and flex_attention stay refused in every family: they take no custom 4-D attention
+    mask, which keeps the answers apart in the attention layers (Qwen3.5's included: its Gated DeltaNet layers
+    fork their state, its full-attention layers still need the mask). sdpa is accepted, Qwen3.5 included."""
     from types import SimpleNamespace
 
     from video_grpo.configs import check_shared_prefix
@@ -319,16 +343,19 @@ def test_recipe_validation_refuses_before_the_model_loads(family, attention, why
         model_name_or_path=str(family_model(family)), model_revision=None, attn_implementation=attention
     )
     with pytest.raises(
-        ValueError, match=f"shared_prefix: true cannot be exact here: .*{why}.*shared_prefix: false"
+        ValueError,
+        match="shared_prefix: true cannot be exact here: .*takes no custom 4-D attention mask.*shared_prefix: "
+        "false.*attn_implementation: sdpa",
     ):
         check_shared_prefix(model_args)
-    check_shared_prefix(
-        SimpleNamespace(
-            model_name_or_path=str(family_model("qwen2_5_vl")),
-            model_revision=None,
-            attn_implementation="sdpa",
-        )
-    )  # supported: no error
+    for supported in ("qwen2_5_vl", "qwen3_5"):
+        check_shared_prefix(
+            SimpleNamespace(
+                model_name_or_path=str(family_model(supported)),
+                model_revision=None,
+                attn_implementation="sdpa",
+            )
+        )  # supported: no error
 
 
 def test_eager_mask_is_in_the_model_dtype(tiny_model_dir, dataset, tmp_path):
@@ -353,3 +380,15 @@ def test_eager_mask_is_in_the_model_dtype(tiny_model_dir, dataset, tmp_path):
     additive = packed.model_inputs["attention_mask"]
     assert additive.dtype == torch.bfloat16
     assert additive.max() == 0 and additive.min() == torch.finfo(torch.bfloat16).min
+
+
+def test_qwen3_5_4b_positions_are_close_to_ideal():
+    """At Qwen3.5-4B's widths (configs/models/qwen3_5_4b.json), ~2,000 visual tokens and G = 8, the packed loss
+    forward carries (P + sum C) / (G x (P + C_max)) of the plain path's positions, within 5%, with the state
+    fork on (the count needs the packing only: the model is built on the meta device)."""
+    from video_grpo.bench.shared_prefix_qwen3_5 import packed_positions
+
+    counted = packed_positions("4b", 2048, 8)
+    assert counted["forked"] and counted["visual_tokens"] >= 2000
+    ratio = counted["packed"] / counted["plain"]
+    assert abs(ratio - counted["ideal"]) <= 0.05 * counted["ideal"], counted

@@ -45,7 +45,7 @@ def count_prefill_rows(model) -> list[int]:
     return rows
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
 def test_greedy_answers_are_the_plain_answers(family, family_model, train_file):
     model, inputs, kwargs = batch(family_model(family), train_file, family)
     assert inputs["attention_mask"][0].sum() != inputs["attention_mask"][-1].sum()  # left padding in play

@@ -35,7 +35,7 @@ from video_grpo import prefill
 from video_grpo.annotations import write_jsonl
 from video_grpo.distributed import end_run, exit_process, process_state
 from video_grpo.families import detect_family, family_of_model
-from video_grpo.prefix import stateful_layers
+from video_grpo.prefix import unforkable_layers
 from video_grpo.processing import encode_rows, generation_inputs, vision_placeholder_ids
 from video_grpo.rewards import answer_block, completion_text, parse_span_in, temporal_iou
 
@@ -129,11 +129,12 @@ def generate_answers(
     """Answers for a batch of dataset rows, through the same processing as training.
 
     ``shared_prefill``: rows that repeat a query (k samples per query) prefill its prompt once
-    (:mod:`video_grpo.prefill`); models with sequence-state layers (Qwen3.5) always take the plain path."""
+    (:mod:`video_grpo.prefill`, which copies Qwen3.5's Gated DeltaNet states too); models with sequence-state
+    layers their family cannot fork take the plain path."""
     config = model.config
     tokenizer = processor.tokenizer
     encoded = encode_rows(processor, rows, detect_family(config))
-    shared_prefill = shared_prefill and not stateful_layers(config)
+    shared_prefill = shared_prefill and not unforkable_layers(config)
     inputs = generation_inputs(
         encoded,
         tokenizer.pad_token_id,

@@ -13,6 +13,9 @@ The trainer, data, encoder, evaluation and benchmark code ask the family instead
 - **The prompt text.** transformers 5.24's ``Qwen3VLProcessor`` expands only ``<|video_pad|>``, which leaves the
   chat template's ``<|vision_start|>`` / ``<|vision_end|>`` around the whole expanded video, one pair more than
   Qwen's reference processor and vLLM write; :meth:`ModelFamily.prompt_text` removes that pair first.
+- **Layers that carry a state along the sequence.** Qwen3.5's Gated DeltaNet (``linear_attention``) layers;
+  ``forkable_state`` names the layer types whose state :mod:`video_grpo.state_fork` can fork after a shared
+  prompt, so packed forwards and one prefill per prompt stay exact.
 - **What the vision encoder returns.** Qwen3-VL adds DeepStack features (one level per early text layer) to
   ``pooler_output``; :mod:`video_grpo.encoder` keeps each video's ``(pooler, *deepstack)`` together.
 
@@ -41,6 +44,8 @@ class ModelFamily:
     deepstack: bool = False  # the vision tower also returns deepstack_features
     spatial_merge: int = 2  # patches merged per side into one language-model token
     temporal_patch: int = 2  # frames per temporal patch
+    # layer types carrying a sequence state that video_grpo.state_fork forks after a shared prompt
+    forkable_state: tuple[str, ...] = ()
 
     @property
     def size_multiple(self) -> int:
@@ -84,7 +89,9 @@ class ModelFamily:
 
 QWEN2_5_VL = ModelFamily("qwen2_5_vl", ("qwen2_5_vl",), patch_size=14, time_in_text=False)
 QWEN3_VL = ModelFamily("qwen3_vl", ("qwen3_vl",), patch_size=16, time_in_text=True, deepstack=True)
-QWEN3_5 = ModelFamily("qwen3_5", ("qwen3_5",), patch_size=16, time_in_text=True)
+QWEN3_5 = ModelFamily(
+    "qwen3_5", ("qwen3_5",), patch_size=16, time_in_text=True, forkable_state=("linear_attention",)
+)
 FAMILIES = {family.name: family for family in (QWEN2_5_VL, QWEN3_VL, QWEN3_5)}
 
 

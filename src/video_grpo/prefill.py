@@ -5,13 +5,15 @@ batch, so a 3,000-token video prompt is prefilled G times. :func:`generate` inst
 
 1. finds the rows that repeat a prompt (same token ids, mask and video);
 2. runs the language model once per unique prompt, without its last token, into a cache;
-3. copies each unique prompt's cache entry to its rows (``Cache.batch_select_indices``), and the 3-D position
+3. copies each unique prompt's cache entry to its rows (:func:`select_cache_rows`: the attention layers' keys
+   and values, and Qwen3.5's Gated DeltaNet layers' convolution and recurrent states), and the 3-D position
    offsets (``rope_deltas``) the prefill stored with it;
 4. calls the model's own ``generate`` on the full rows with that cache and no pixels: it feeds each row's last
    prompt token and decodes as usual.
 
-The cache holds exactly the keys and values the plain prefill computes for those positions, so greedy answers are
-the same tokens (``tests/test_shared_prefix_generation.py``). Every call makes one prefill forward and one
+The cache holds exactly the keys, values and states the plain prefill computes for those positions (a linear-
+attention layer zeroes left-padded positions, so its state after the padding is the unpadded prompt's), so greedy
+answers are the same tokens (``tests/test_shared_prefix_generation.py``). Every call makes one prefill forward and one
 ``generate``, whatever the rows hold, so under ZeRO-3 every rank makes the same forward calls.
 """
 
@@ -30,6 +32,22 @@ def language_backbone(model):
     """The model's ``...VLModel`` (vision tower + language model), under PEFT too."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return base.model
+
+
+def select_cache_rows(cache, index: torch.Tensor) -> None:
+    """Keep rows ``index`` of every cache layer, in place. transformers 5.24's ``Cache.batch_select_indices`` fails
+    on a linear-attention layer (``LinearAttentionLayer`` has no such method), so its convolution and recurrent
+    states are selected with the linear-attention part of ``reorder_cache`` (an ``index_select``), and the keys and
+    values of attention layers (or of the attention half of a combined layer) with ``batch_select_indices``."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            LinearAttentionCacheLayerMixin.reorder_cache(layer, index)
+        if hasattr(
+            layer, "batch_select_indices"
+        ):  # attention keys and values (absent on a linear-only layer)
+            layer.batch_select_indices(index)
 
 
 def unique_rows(
@@ -105,7 +123,7 @@ def generate(
         counts[0] += len(index)
         counts[1] += len(first)
     index = index.to(input_ids.device)
-    cache.batch_select_indices(index)
+    select_cache_rows(cache, index)
     backbone.rope_deltas = backbone.rope_deltas[index]
     return generate_fn(
         input_ids=input_ids,

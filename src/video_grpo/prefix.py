@@ -17,11 +17,13 @@ Scoring uses TRL's fused LM head with pre-shifted ``shift_labels``: a segment's 
 answer token ``j``. :meth:`PackedRows.unpack` puts the per-token values back into the plain ``(rows,
 completion_length)`` layout, with zeros where the completion mask is zero, as the plain path returns.
 
-Exact for attention-only language models (Qwen2.5-VL, Qwen3-VL): every answer token sees exactly the keys and
-positions it sees in its own row. Not for layers that carry a state along the sequence (Qwen3.5's Gated
-DeltaNet), where segment 2 would read segment 1 through the state: :func:`unsupported_reason` says so, and the
-trainer refuses or falls back. Rows whose layout is not "left-padded prompt, right-padded completion" are
-returned as ``None`` so the caller runs them the plain way.
+Exact for attention layers: every answer token sees exactly the keys and positions it sees in its own row.
+Layers that carry a state along the sequence (Qwen3.5's Gated DeltaNet) would let segment 2 read segment 1
+through it; for the layer types the family lists in ``forkable_state``, the packed inputs carry a
+:class:`video_grpo.state_fork.StateFork` (``state_fork=``), and those layers run the stem once and start each
+segment from a copy of its final state. Any other stateful layer type is refused by :func:`unsupported_reason`,
+and the trainer refuses or falls back. Rows whose layout is not "left-padded prompt, right-padded completion"
+are returned as ``None`` so the caller runs them the plain way.
 """
 
 from __future__ import annotations
@@ -44,13 +46,30 @@ def stateful_layers(config) -> list[str]:
     return sorted(kinds - {"full_attention", "sliding_attention"})
 
 
+def forkable_state(config) -> bool:
+    """Whether the model has stateful layers and its family forks all of them (:mod:`video_grpo.state_fork`)."""
+    stateful = stateful_layers(config)
+    return bool(stateful) and not unforkable_layers(config)
+
+
+def unforkable_layers(config) -> list[str]:
+    """Stateful layer types the model's family cannot fork after a shared prompt."""
+    from video_grpo.families import detect_family
+
+    try:
+        forkable = set(detect_family(config).forkable_state)
+    except ValueError:  # not a supported family: nothing is known to be forkable
+        forkable = set()
+    return [kind for kind in stateful_layers(config) if kind not in forkable]
+
+
 def unsupported_reason(config, attn_implementation: str | None = None) -> str | None:
     """Why a packed shared-prefix forward cannot be exact for this model and attention backend, or None."""
-    stateful = stateful_layers(config)
+    stateful = unforkable_layers(config)
     if stateful:
         return (
-            f"{config.model_type} has {stateful} layers (Gated DeltaNet), which carry a state "
-            "along the sequence, so in a packed row one answer would read another through it"
+            f"{config.model_type} has {stateful} layers, which carry a state along the sequence, and "
+            "video_grpo.state_fork cannot fork it, so in a packed row one answer would read another through it"
         )
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     if "sliding_attention" in (getattr(text_config, "layer_types", None) or []):
@@ -133,6 +152,7 @@ def pack_rows(
     pad_token_id: int,
     mask_dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
+    fork_state: bool = False,
 ) -> PackedRows | None:
     """Pack ``input_ids`` (prompt left-padded, completion of ``completion_length`` right-padded), whose video
     inputs are ``video_rows[...][rows]``, by shared prompt. ``rope_index`` is the model's ``get_rope_index``.
@@ -140,7 +160,9 @@ def pack_rows(
     ``mask_dtype``: None for a boolean mask (sdpa), or the float dtype of an additive mask (eager attention:
     the model's dtype, so bf16 scores are not promoted to float32). ``device``: where the model inputs go
     (default ``input_ids``' device). The layout is worked out on the CPU from O(length) segment ids; the
-    O(length²) mask is built on ``device`` only. Returns None when the layout is not the expected one."""
+    O(length²) mask is built on ``device`` only. ``fork_state``: the model has stateful layers its family forks
+    (:func:`forkable_state`); the inputs then carry the segment layout as ``state_fork``. Returns None when
+    the layout is not the expected one."""
     device = input_ids.device if device is None else torch.device(device)
     prompt_width = input_ids.shape[1] - completion_length
     prompts, answers = [], []
@@ -223,6 +245,11 @@ def pack_rows(
         **{key: value[first_rows].to(device) for key, value in time.items()},
         "mm_token_type_ids": video_token_types(packed_ids, video_token_id).to(device),
     }
+    if fork_state:
+        from video_grpo import state_fork
+
+        state_fork.install()
+        model_inputs["state_fork"] = state_fork.layout(packed_segments).to(device)
     return PackedRows(
         model_inputs,
         packed_labels.to(device),

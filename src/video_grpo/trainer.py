@@ -26,7 +26,7 @@ from video_grpo.encoder import install
 from video_grpo.families import detect_family
 from video_grpo.guidance import group_advantages, guided_completion_ids, guided_mask
 from video_grpo.prefill import one_prefill_per_prompt
-from video_grpo.prefix import PackedRows, pack_rows, stateful_layers, unsupported_reason
+from video_grpo.prefix import PackedRows, forkable_state, pack_rows, unforkable_layers, unsupported_reason
 from video_grpo.processing import (
     KeepVideoDtype,
     concat,
@@ -154,8 +154,10 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
                     ref, reuse_across_calls=frozen, share_cache_with=self.video_encoder if frozen else None
                 )
         self.shared_prefix = resolve_shared_prefix(shared_prefix, base.config)
-        # One prefill per prompt in generate: exact with any attention backend, not with sequence-state layers
-        self.shared_prefill = shared_prefix is not False and not stateful_layers(base.config)
+        # One prefill per prompt in generate: exact with any attention backend, and with sequence-state layers
+        # whose state the prefill's cache copies (video_grpo.prefill)
+        self.shared_prefill = shared_prefix is not False and not unforkable_layers(base.config)
+        self._fork_state = forkable_state(base.config)  # packed forwards fork Gated DeltaNet states
         self._language_model = base.model  # its get_rope_index lays out the packed rows' positions
         self._eager_attention = getattr(base.config, "_attn_implementation", None) == "eager"
         self.prefix_positions = [0, 0]  # (plain, packed) token positions of the shared-prefix forwards so far
@@ -479,6 +481,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             # eager attention adds a float mask to the scores: in the model's dtype (read now: DeepSpeed casts the
             # model when training starts), or bf16 scores would be promoted to float32
             self._language_model.get_input_embeddings().weight.dtype if self._eager_attention else None,
+            fork_state=self._fork_state,
         )
         if packed is None:
             if not self._warned_unpackable:

@@ -80,7 +80,7 @@ def _prompt(config, visual_tokens: int) -> tuple[list[int], dict]:
 def answer_logps(model, batch: dict, shared: bool) -> tuple[torch.Tensor, int]:
     """Per-token log-probs of the answer tokens (the trainer's scoring: LM head on scored positions only), and
     the token positions the language model's layers carried."""
-    from video_grpo.prefix import pack_rows
+    from video_grpo.prefix import forkable_state, pack_rows
     from video_grpo.processing import video_kwargs
 
     ids, mask, width = batch["input_ids"], batch["attention_mask"], batch["completion_length"]
@@ -95,6 +95,7 @@ def answer_logps(model, batch: dict, shared: bool) -> tuple[torch.Tensor, int]:
             model.model.get_rope_index,
             config.video_token_id,
             0,
+            fork_state=forkable_state(config),  # Qwen3.5: its Gated DeltaNet state forked after the prompt
         )
         inputs, labels = packed.model_inputs, packed.shift_labels
     else:

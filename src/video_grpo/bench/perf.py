@@ -21,6 +21,9 @@
   ``generation_time_shared_prefill``, and (full run only) ``shared_prefix_scaling``,
   ``train_step_time_shared_prefix_full_depth`` and ``peak_memory_shared_prefix_full_depth``: one group's prompt
   through the language model once vs G times; see :mod:`video_grpo.bench.shared_prefix`.
+- ``lm_positions_per_forward_qwen3_5`` (at Qwen3.5-4B's widths; ``--quick``: narrow),
+  ``train_step_time_shared_prefix_qwen3_5`` and ``peak_memory_shared_prefix_qwen3_5`` (narrow): the same on
+  Qwen3.5, whose Gated DeltaNet state is forked after the prompt; see :mod:`video_grpo.bench.shared_prefix_qwen3_5`.
 - ``encoder_time_scaling`` (full run only): vision-encoder forward+backward time for one video shown to G
   rows, once vs per row, over G, frame count and frame size.
 
@@ -62,3 +65,6 @@ def perf(quick: bool) -> None:
         from video_grpo.bench.shared_prefix import perf_rows
 
         perf_rows(emit, quick)  # the shared prompt: lm_positions_per_forward ... shared_prefix_scaling
+        from video_grpo.bench import shared_prefix_qwen3_5
+
+        shared_prefix_qwen3_5.perf_rows(emit, quick)  # the same on Qwen3.5, its Gated DeltaNet state forked
