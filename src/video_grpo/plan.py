@@ -277,7 +277,7 @@ def plan_recipe(
 ) -> Plan:
     """The :class:`Plan` of a recipe file on a launch; ``overrides`` replace recipe fields (as command-line flags
     to ``video_grpo.grpo`` would)."""
-    from video_grpo.prefix import stateful_layers
+    from video_grpo.prefix import unforkable_layers
 
     values = recipe_values(config)
     values.update(overrides or {})
@@ -285,7 +285,7 @@ def plan_recipe(
     shape = read_model_shape(model_values)
     launch = accelerate_values(accelerate_config, num_processes, zero_stage)
     work = workload_from_recipe(
-        values, shape.family, launch, stateful_text=bool(stateful_layers(model_values))
+        values, shape.family, launch, stateful_text=bool(unforkable_layers(model_values))
     )
     return make_plan(shape, work, resolve_gpu(gpu, gpu_memory_gb))
 
@@ -312,7 +312,7 @@ def startup_plan(script_args, training_args, model_args) -> Plan:
 
     import torch
 
-    from video_grpo.prefix import stateful_layers
+    from video_grpo.prefix import unforkable_layers
 
     values = {}
     for arguments in (training_args, model_args, script_args):
@@ -322,7 +322,7 @@ def startup_plan(script_args, training_args, model_args) -> Plan:
     )
     shape = read_model_shape(model_values)
     work = workload_from_recipe(
-        values, shape.family, launch_from_environment(), stateful_text=bool(stateful_layers(model_values))
+        values, shape.family, launch_from_environment(), stateful_text=bool(unforkable_layers(model_values))
     )
     gpu = None
     if torch.cuda.is_available():

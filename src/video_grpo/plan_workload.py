@@ -162,8 +162,9 @@ def workload_from_recipe(
 ) -> Workload:
     """The :class:`Workload` of a recipe's values (:func:`recipe_values`) on a launch (:func:`accelerate_values`).
 
-    ``stateful_text``: the model has sequence-state layers (Qwen3.5), where the shared prompt falls back to the
-    plain forward."""
+    ``stateful_text``: the model has sequence-state layers its family cannot fork after the prompt
+    (:func:`video_grpo.prefix.unforkable_layers`), where the shared prompt falls back to the plain forward; Qwen3.5's
+    Gated DeltaNet layers are forked (:mod:`video_grpo.state_fork`), so it shares."""
     visual, pairs, per_pair = worst_case_video(
         family,
         recipe["video_max_tokens"],

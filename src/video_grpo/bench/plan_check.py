@@ -11,8 +11,8 @@ weights at full width, live tensor bytes and FlopCounterMode FLOPs per phase) an
 - ``plan_full_depth``: whole steps traced at the published 3B and 7B depths (36 / 28 text layers, 32 vision),
   planned vs measured.
 
-The grid covers, one or two factors at a time around a base cell: Qwen2.5-VL and Qwen3-VL; the published 3B/7B
-(Qwen3-VL: 4B/8B) widths at depth 1 and 2; 1k, 2k and 4k visual tokens; G = 4 and 8; shared prompt on and off;
+The grid covers, one or two factors at a time around a base cell: Qwen2.5-VL, Qwen3-VL and Qwen3.5; the published
+3B/7B (Qwen3-VL: 4B/8B) widths at depth 1 and 2, Qwen3.5-4B's at 3 Gated DeltaNet layers and 1 attention layer; 1k, 2k and 4k visual tokens; G = 4 and 8; shared prompt on and off;
 gradient checkpointing on and off; full training, LoRA and a frozen tower; fp32 and bf16; beta 0 and 0.04.
 """
 
@@ -34,6 +34,7 @@ from video_grpo.plan_workload import TIME_TEXT_TOKENS, Workload
 
 MODELS = Path(__file__).resolve().parents[3] / "configs" / "models"
 QWEN3_VL = {"4b": "qwen3_vl_4b_instruct.json", "8b": "qwen3_vl_8b_instruct.json"}
+QWEN3_5 = {"3.5-4b": "qwen3_5_4b.json"}  # depth d: d Gated DeltaNet layers + 1 full-attention layer
 PEAK_GOAL, FLOPS_GOAL, CATEGORY_GOAL = 0.10, 0.05, 0.15
 CATEGORY_FLOOR = 0.02  # categories under this share of the peak are not held to the category goal
 
@@ -48,6 +49,15 @@ def model_values(widths: str, depth: int | None) -> dict:
             values["text_config"]["num_hidden_layers"] = depth
             values["vision_config"]["depth"] = depth
             values["vision_config"]["deepstack_visual_indexes"] = [0]
+        return values
+    if widths in QWEN3_5:
+        values = json.loads((MODELS / QWEN3_5[widths]).read_text())
+        values.pop("architectures", None)
+        if depth is not None:
+            text = values["text_config"]
+            text["layer_types"] = ["linear_attention"] * depth + ["full_attention"]
+            text["num_hidden_layers"] = depth + 1
+            values["vision_config"]["depth"] = depth
         return values
     values = copy.deepcopy(published_config(widths)[0])
     if depth is not None:
@@ -178,6 +188,8 @@ def grid(quick: bool) -> list[tuple[str, int | None, dict]]:
         ("8b", 1, {**base, "training": "lora", "shared_prefix": False, "group_size": 4}),
         ("3b", 2, {**base, "training": "lora", "gradient_checkpointing": True, "beta": 0.04}),
         ("4b", 2, {**base, "dtype": "float32", "gradient_checkpointing": True, "visual_tokens": 1024}),
+        ("3.5-4b", 3, base),  # three Gated DeltaNet layers forked after the prompt, one attention layer
+        ("3.5-4b", 3, {**base, "gradient_checkpointing": True}),
     ]
     return cells
 

@@ -348,7 +348,7 @@ def build_policy(config, setting: StepSetting, mode: HalfFake | None):
 
 def packed_or_plain(model, config, inputs: dict, shared: bool, regions: Regions) -> tuple[dict, torch.Tensor]:
     """The loss-side forward's model inputs and shifted labels, as the trainer builds them."""
-    from video_grpo.prefix import pack_rows
+    from video_grpo.prefix import forkable_state, pack_rows
     from video_grpo.processing import video_kwargs
 
     ids, mask, width = inputs["input_ids"], inputs["attention_mask"], inputs["completion_length"]
@@ -363,6 +363,7 @@ def packed_or_plain(model, config, inputs: dict, shared: bool, regions: Regions)
             base.model.get_rope_index,
             config.video_token_id,
             0,
+            fork_state=forkable_state(config),
         )
         return packed.model_inputs, packed.shift_labels
     with regions.entered("vision inputs"):  # one copy of the pixels per row
@@ -382,6 +383,8 @@ def answer_logps(model, model_inputs: dict, labels: torch.Tensor) -> torch.Tenso
 def generate(model, config, inputs: dict, setting: StepSetting, regions: Regions) -> None:
     """What generation holds: the prompt's prefill (once, then its cache copied to the G rows, with
     ``shared_prefix``; else G rows), then one forward per new token on the growing cache."""
+    from video_grpo.prefill import select_cache_rows
+
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     backbone = base.model
     prompt = inputs["prompt_tokens"]
@@ -401,7 +404,7 @@ def generate(model, config, inputs: dict, setting: StepSetting, regions: Regions
             use_cache=True,
         ).cache
         index = torch.zeros(rows, dtype=torch.long)
-        cache.batch_select_indices(index)
+        select_cache_rows(cache, index)
         backbone.rope_deltas = backbone.rope_deltas[index]
         steps = width
     else:
