@@ -51,7 +51,7 @@ class GRPOScriptArguments:
         default=None,
         metadata={
             "help": "Annotation format: jsonl, charades_txt, grounding_json (TimeZero/VideoChat Charades, "
-            "ActivityNet Captions) or qvhighlights. Detected from the file when unset."
+            "ActivityNet Captions), qvhighlights, timelens_100k or timelens_bench. Detected from the file when unset."
         },
     )
     durations_file: str | None = field(
