@@ -26,6 +26,19 @@ DEFAULT_PROMPT = (
     '<answer> </answer> tags. For example: "12.54 to 17.83".'
 )
 
+# TimeLens's answer-only prompts (TencentARC/TimeLens training/data/grounding.py GROUNDING_PROMPT and
+# GROUNDING_PROMPT_TEXT_TIMESTAMP, the same text as evaluation/utils.py), with their '{}' as our '{sentence}'.
+# The answer is one sentence, read by rewards.parse_answer_only; pair them with reward_funcs [iou_answer_only].
+TIMELENS_PROMPT = (
+    "Please find the visual event described by the sentence '{sentence}', determining its starting and ending "
+    "times. The format should be: 'The event happens in <start time> - <end time> seconds'."
+)
+# The TimeLens-7B (Qwen2.5-VL) prompt: frames carry their time as text before them (frame_timestamps_in_text).
+TIMELENS_PROMPT_TEXT_TIMESTAMPS = (
+    "You are given a video with multiple frames. The numbers before each video frame indicate its sampling "
+    "timestamp (in seconds). " + TIMELENS_PROMPT
+)
+
 
 @dataclass
 class GRPOScriptArguments:
@@ -260,6 +273,12 @@ class GRPOScriptArguments:
                 resolve_reward_funcs(self.reward_funcs, self.reward_kwargs)
             except ValueError as err:
                 fail("reward_funcs", str(err))
+        if "iou_answer_only" in self.reward_funcs and {"format", "format_soft"} & set(self.reward_funcs):
+            fail(
+                "reward_funcs",
+                f"{self.reward_funcs} pairs iou_answer_only (an answer-only sentence, no tags) with a format "
+                "reward that needs <think>/<answer> tags; TimeLens uses [iou_answer_only] alone.",
+            )
         from video_grpo.grpo_math import SHAPING_METHODS
 
         if self.advantage_shaping not in SHAPING_METHODS:
