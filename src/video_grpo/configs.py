@@ -96,6 +96,14 @@ class GRPOScriptArguments:
             "(data/bad_samples). Above this fraction of the samples seen, the run stops."
         },
     )
+    frame_timestamps_in_text: bool = field(
+        default=False,
+        metadata={
+            "help": "Qwen2.5-VL only: write each temporal patch's time before it in the prompt, "
+            "'<t seconds>' + its own vision block, as TimeLens-7B does (video_grpo.families). Qwen3-VL and "
+            "Qwen3.5 always do this; there it is an error."
+        },
+    )
     freeze_vision_tower: bool = field(
         default=False,
         metadata={"help": "Train the language model only; the vision encoder keeps its weights."},
@@ -370,6 +378,7 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
         model_args.model_name_or_path, model_args.model_revision, training_args.trust_remote_code
     )
     check_video_budget(script_args, family)
+    family.with_text_timestamps(script_args.frame_timestamps_in_text)  # an error on Qwen3-VL / Qwen3.5
     if script_args.shared_prefix:
         check_shared_prefix(model_args, training_args.trust_remote_code)
 
