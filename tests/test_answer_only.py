@@ -77,3 +77,20 @@ def test_recipe_without_a_format_term_parses_and_a_contradictory_one_fails():
     assert args.reward_funcs == ["iou_answer_only"]
     with pytest.raises(ValueError, match="reward_funcs.*iou_answer_only.*format reward"):
         GRPOScriptArguments(reward_funcs=["iou_answer_only", "format"], prompt_template=TIMELENS_PROMPT)
+
+
+def test_presets_carry_timelens_prompts_and_reward():
+    import yaml
+
+    from .conftest import REPO
+
+    seven = yaml.safe_load((REPO / "configs/grpo/timelens_qwen2_5_vl_7b.yaml").read_text())
+    eight = yaml.safe_load((REPO / "configs/grpo/timelens_qwen3_vl_8b.yaml").read_text())
+    assert seven["prompt_template"] == TIMELENS_PROMPT_TEXT_TIMESTAMPS and seven["frame_timestamps_in_text"]
+    assert eight["prompt_template"] == TIMELENS_PROMPT and "frame_timestamps_in_text" not in eight
+    for preset in (seven, eight):
+        assert (
+            preset["reward_funcs"] == ["iou_answer_only"]
+            and preset["answer_template"] == ANSWER_ONLY_TEMPLATE
+        )
+        assert preset["scale_rewards"] == "none" and preset["lr_scheduler_type"] == "constant"

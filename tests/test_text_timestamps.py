@@ -118,3 +118,35 @@ def test_training_with_text_timestamps(tiny_model_dir, train_file, tmp_path):
         next(c for c in probe.rope_calls if not c["grad"])["input_ids"][0]
     )
     assert re.search(r"<\d+\.\d seconds><\|vision_start\|><\|video_pad\|>", prompt)
+
+
+@pytest.mark.launch
+def test_timelens_style_run_on_zero1(tiny_model_dir, tmp_path):
+    """TimeLens's launch on the CPU twin of their ZeRO-1: answer-only prompt and IoU-only reward, textual
+    timestamps, frozen vision tower, constant learning rate; it trains, saves and leaves the tower alone."""
+    from video_grpo.configs import TIMELENS_PROMPT_TEXT_TIMESTAMPS
+
+    from .test_launch import changed, launch, load
+
+    out = tmp_path / "zero1"
+    result = launch(
+        "cpu/zero1.yaml",
+        tiny_model_dir,
+        out,
+        "--reward_funcs",
+        "iou_answer_only",
+        "tests.launch_rewards:length_reward",
+        "--prompt_template",
+        TIMELENS_PROMPT_TEXT_TIMESTAMPS,
+        "--frame_timestamps_in_text",
+        "true",
+        "--freeze_vision_tower",
+        "true",
+        "--lr_scheduler_type",
+        "constant",
+    )
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-5000:]
+    assert "distributed_type=DEEPSPEED num_processes=2 zero_stage=1" in log
+    initial, trained = load(tiny_model_dir), load(out)
+    assert changed(initial, trained, "language") and not changed(initial, trained, "vision")
