@@ -15,6 +15,10 @@ Reported (JSON lines, the benchmark schema):
   span that scores best on the training set;
 - ``gt_guidance_gain``: mean IoU reward of the policy's own answers over the last 20% of steps, with
   ground-truth-guided groups and TempSamp shaping vs without;
+- ``answer_only``: TimeLens's setting on the same task: a cold start taught ``The event happens in S - E
+  seconds.`` (same videos, model and SFT steps), then the same GRPO steps with the IoU reward alone; test mIoU
+  after vs before, beside the ``<think>`` setting's, and the tokens decoded per step in each (TRL's
+  ``completions/mean_length`` x the 64 answers of a step);
 - ``curation_signal``: the mean within-group std of the IoU reward, training on the curated vs the whole of a pool
   with a spread of difficulty, for the same steps (:mod:`video_grpo.bench.curation`).
 """
@@ -78,6 +82,7 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> d
             if budget.guided_steps
             else []
         )
+    answer_only = answer_only_row(work, data, budget, steps, emit, before, after, ours)
     ious = series(ours, "rewards/iou_reward/mean")
     first, last = fifth_means(ious)
     ours_gain, plain_gain = after["mIoU"] - before["mIoU"], plain_after["mIoU"] - before["mIoU"]
@@ -124,6 +129,7 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> d
             goal="ours > baseline",
             **queries,
         ),
+        "answer_only": answer_only,
         "best_fixed_span": emit(
             "best_fixed_span_miou",
             after["mIoU"],
@@ -161,6 +167,46 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> d
     if plot_to is not None:
         plot_learning(curves, plot_to)
     return results
+
+
+def decoded_per_step(history: list[dict]) -> float:
+    """Mean tokens decoded per GRPO step: the mean answer length times the step's answers."""
+    lengths = series(history, "completions/mean_length")
+    return sum(lengths) / len(lengths) * runs.GRPO_SETTINGS["per_device_train_batch_size"]
+
+
+def answer_only_row(
+    work: Path, data: Path, budget, steps: int, emit, before: dict, after: dict, ours
+) -> dict:
+    """The answer-only row: its own cold start, the same GRPO steps with the IoU reward alone, test mIoU before and
+    after, beside the ``<think>`` run of this benchmark (``before``/``after``/``ours``)."""
+    start = runs.answer_only_start(work, data, budget)
+    train = runs.task_dataset(data / "train.jsonl", prompt=runs.ANSWER_ONLY_PROMPT)
+    test = runs.task_dataset(data / "test.jsonl", prompt=runs.ANSWER_ONLY_PROMPT)
+    with contextlib.redirect_stdout(sys.stderr):  # trainer logs; the row's JSON line goes to stdout
+        start_metrics = runs.test_metrics(start, test)
+        history = runs.grpo(start, train, work / "answer_only", steps, answer_only=True)
+        end_metrics = runs.test_metrics(work / "answer_only", test)
+        blank = runs.test_metrics(
+            work / "answer_only", runs.with_transform(test, runs.BlankFrames, runs.ANSWER_ONLY_PROMPT)
+        )
+    return emit(
+        "answer_only",
+        end_metrics["mIoU"],
+        start_metrics["mIoU"],
+        "test mIoU % after vs before GRPO, answer-only cold start and IoU reward alone (TimeLens's setting)",
+        blank_after=round(blank["mIoU"], 3),
+        parsed_before=round(start_metrics["parsed"], 3),
+        parsed_after=round(end_metrics["parsed"], 3),
+        think_before=round(before["mIoU"], 3),
+        think_after=round(after["mIoU"], 3),
+        decoded_tokens_per_step=round(decoded_per_step(history), 1),
+        think_decoded_tokens_per_step=round(decoded_per_step(ours), 1),
+        reward_first_fifth=round(fifth_means(series(history, "rewards/iou_reward/mean"))[0], 4),
+        reward_last_fifth=round(fifth_means(series(history, "rewards/iou_reward/mean"))[1], 4),
+        steps=len(history),
+        goal="ours > baseline",
+    )
 
 
 # TempSamp-R1 variants for gt_guidance_gain (docs/learning.md records each one's number): tau of Eq. 4, and guiding
