@@ -120,6 +120,30 @@ def test_training_with_text_timestamps(tiny_model_dir, train_file, tmp_path):
     assert re.search(r"<\d+\.\d seconds><\|vision_start\|><\|video_pad\|>", prompt)
 
 
+def test_merger_trains_with_a_frozen_tower(tiny_model_dir, train_file, tmp_path):
+    """TimeLens's --freeze_vision_tower True --freeze_merger False: only the merger of the vision module moves."""
+    data = build_dataset(train_file, sampling=sampling_for("qwen2_5_vl", max_frames=8))
+    trainer = make_trainer(
+        tiny_model_dir,
+        data,
+        tmp_path,
+        trainer_kwargs={"freeze_vision_tower": True, "train_vision_merger": True},
+    )
+    visual = trainer.model.model.visual
+    before = {n: p.detach().clone() for n, p in visual.named_parameters()}
+    assert {n.split(".")[0] for n, p in visual.named_parameters() if p.requires_grad} == {"merger"}
+    trainer.train()
+    moved = {n.split(".")[0] for n, p in visual.named_parameters() if not torch.equal(p, before[n])}
+    assert moved == {"merger"}, moved
+
+
+def test_merger_option_needs_a_frozen_tower():
+    from video_grpo.configs import GRPOScriptArguments
+
+    with pytest.raises(ValueError, match="train_vision_merger: only applies with freeze_vision_tower"):
+        GRPOScriptArguments(train_vision_merger=True)
+
+
 @pytest.mark.launch
 def test_timelens_style_run_on_zero1(tiny_model_dir, tmp_path):
     """TimeLens's launch on the CPU twin of their ZeRO-1: answer-only prompt and IoU-only reward, textual

@@ -96,6 +96,13 @@ class GRPOScriptArguments:
             "(data/bad_samples). Above this fraction of the samples seen, the run stops."
         },
     )
+    train_vision_merger: bool = field(
+        default=False,
+        metadata={
+            "help": "With freeze_vision_tower: the vision module's merger (the projection into the language "
+            "model, model.visual.merger) still trains, as TimeLens's --freeze_merger False."
+        },
+    )
     frame_timestamps_in_text: bool = field(
         default=False,
         metadata={
@@ -294,6 +301,11 @@ class GRPOScriptArguments:
                 "advantage_shaping",
                 f"unknown shaping {self.advantage_shaping!r}; choose one of "
                 f"{list(SHAPING_METHODS)} ('tempsamp' with gt_guidance: true is TempSamp-R1).",
+            )
+        if self.train_vision_merger and not self.freeze_vision_tower:
+            fail(
+                "train_vision_merger",
+                "only applies with freeze_vision_tower: true (without it the whole vision module trains).",
             )
         if self.gt_guidance and self.advantage_shaping == "none":
             import logging

@@ -121,6 +121,7 @@ def build_trainer(
         answer_template=script_args.answer_template,
         shared_prefix=script_args.shared_prefix,
         frame_timestamps_in_text=script_args.frame_timestamps_in_text,
+        train_vision_merger=script_args.train_vision_merger,
     )
 
 

@@ -102,6 +102,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         answer_template: str = DEFAULT_ANSWER_TEMPLATE,
         shared_prefix: bool | None = None,
         frame_timestamps_in_text: bool = False,
+        train_vision_merger: bool = False,
         **kwargs,
     ) -> None:
         """
@@ -109,7 +110,8 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             (None: all of them, 0: skip).
         max_bad_sample_fraction: stop when more than this share of the prompts seen had an unreadable video
             (each is replaced by another sample by the dataset; see ``video_grpo.data.VideoTransform``).
-        freeze_vision_tower: train the language model only.
+        freeze_vision_tower: train the language model only. train_vision_merger: with it, the vision module's
+            merger (its projection into the language model) still trains, as in TimeLens.
         encode_video_once: run the vision encoder once per unique video per forward (and, with a frozen
             tower, once per generation batch) instead of once per row; see ``video_grpo.encoder``.
         gt_guidance, advantage_shaping, answer_template: ground-truth-guided groups (TempSamp-R1); see
@@ -143,6 +145,8 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         visual = base.model.visual
         if freeze_vision_tower:
             visual.requires_grad_(False)
+            if train_vision_merger:
+                visual.merger.requires_grad_(True)
         self.video_encoder = self.ref_video_encoder = None
         if encode_video_once:
             frozen = not any(p.requires_grad for p in visual.parameters())
