@@ -255,6 +255,23 @@ def guidance_variants(work: Path, emit, variants: dict[str, dict] = GUIDANCE_VAR
     return results
 
 
+def answer_only_alone(work: Path, emit, steps: int | None = None) -> dict:
+    """The ``answer_only`` row and the ``<think>`` run it is compared with, without the other rows: the same task,
+    seeds and cold starts as ``bench learning`` (``steps``: fewer GRPO steps for both, a reduced run)."""
+    from video_grpo.toys.synthetic import make_flash_split
+
+    budget = FULL
+    steps = steps or budget.grpo_steps
+    data, _, start = cold_start(work, budget)
+    make_flash_split(data, "test", budget.test, seed=11, task=budget.task)
+    train, test = runs.task_dataset(data / "train.jsonl"), runs.task_dataset(data / "test.jsonl")
+    with contextlib.redirect_stdout(sys.stderr):
+        before = runs.test_metrics(start, test)
+        ours = runs.grpo(start, train, work / "ours", steps)
+        after = runs.test_metrics(work / "ours", test)
+    return answer_only_row(work, data, budget, steps, emit, before, after, ours)
+
+
 def main() -> int:
     import argparse
     import tempfile
@@ -264,17 +281,24 @@ def main() -> int:
     from video_grpo.bench.emit import emit
 
     parser = argparse.ArgumentParser(
-        description="gt_guidance_gain for each TempSamp-R1 variant (about 8 minutes)."
+        description="guidance-variants: gt_guidance_gain for each TempSamp-R1 variant (about 8 minutes); "
+        "answer-only: the answer_only row beside its <think> run, without the other rows."
     )
-    parser.add_argument("command", choices=["guidance-variants"])
-    parser.parse_args()
+    parser.add_argument("command", choices=["guidance-variants", "answer-only"])
+    parser.add_argument(
+        "--steps", type=int, help="answer-only: GRPO steps for both runs (default: the benchmark's)"
+    )
+    args = parser.parse_args()
 
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        guidance_variants(Path(tmp), emit)
+        if args.command == "answer-only":
+            answer_only_alone(Path(tmp), emit, args.steps)
+        else:
+            guidance_variants(Path(tmp), emit)
     return 0
 
 
