@@ -176,10 +176,10 @@ def decoded_per_step(history: list[dict]) -> float:
 
 
 def answer_only_row(
-    work: Path, data: Path, budget, steps: int, emit, before: dict, after: dict, ours
+    work: Path, data: Path, budget, steps: int, emit, before: dict | None, after: dict | None, ours
 ) -> dict:
     """The answer-only row: its own cold start, the same GRPO steps with the IoU reward alone, test mIoU before and
-    after, beside the ``<think>`` run of this benchmark (``before``/``after``/``ours``)."""
+    after, beside the ``<think>`` run of this benchmark (``before``/``after``/``ours``; None: not run here)."""
     start = runs.answer_only_start(work, data, budget)
     train = runs.task_dataset(data / "train.jsonl", prompt=runs.ANSWER_ONLY_PROMPT)
     test = runs.task_dataset(data / "test.jsonl", prompt=runs.ANSWER_ONLY_PROMPT)
@@ -198,10 +198,10 @@ def answer_only_row(
         blank_after=round(blank["mIoU"], 3),
         parsed_before=round(start_metrics["parsed"], 3),
         parsed_after=round(end_metrics["parsed"], 3),
-        think_before=round(before["mIoU"], 3),
-        think_after=round(after["mIoU"], 3),
+        think_before=round(before["mIoU"], 3) if before else None,
+        think_after=round(after["mIoU"], 3) if after else None,
         decoded_tokens_per_step=round(decoded_per_step(history), 1),
-        think_decoded_tokens_per_step=round(decoded_per_step(ours), 1),
+        think_decoded_tokens_per_step=round(decoded_per_step(ours), 1) if ours else None,
         reward_first_fifth=round(fifth_means(series(history, "rewards/iou_reward/mean"))[0], 4),
         reward_last_fifth=round(fifth_means(series(history, "rewards/iou_reward/mean"))[1], 4),
         steps=len(history),
@@ -255,13 +255,21 @@ def guidance_variants(work: Path, emit, variants: dict[str, dict] = GUIDANCE_VAR
     return results
 
 
-def answer_only_alone(work: Path, emit, steps: int | None = None) -> dict:
+def answer_only_alone(work: Path, emit, steps: int | None = None, think: bool = True) -> dict:
     """The ``answer_only`` row and the ``<think>`` run it is compared with, without the other rows: the same task,
-    seeds and cold starts as ``bench learning`` (``steps``: fewer GRPO steps for both, a reduced run)."""
+    seeds and cold starts as ``bench learning`` (``steps``: fewer GRPO steps for both, a reduced run; ``think``
+    False: the answer-only side only, its think fields None)."""
     from video_grpo.toys.synthetic import make_flash_split
+    from video_grpo.toys.tiny import build_tiny_model
 
     budget = FULL
     steps = steps or budget.grpo_steps
+    if not think:
+        data = work / "task"
+        make_flash_split(data, "train", budget.train, seed=10, task=budget.task)
+        make_flash_split(data, "test", budget.test, seed=11, task=budget.task)
+        build_tiny_model(work / "tiny", **runs.MODEL_SIZE)
+        return answer_only_row(work, data, budget, steps, emit, None, None, None)
     data, _, start = cold_start(work, budget)
     make_flash_split(data, "test", budget.test, seed=11, task=budget.task)
     train, test = runs.task_dataset(data / "train.jsonl"), runs.task_dataset(data / "test.jsonl")
@@ -288,6 +296,7 @@ def main() -> int:
     parser.add_argument(
         "--steps", type=int, help="answer-only: GRPO steps for both runs (default: the benchmark's)"
     )
+    parser.add_argument("--no_think", action="store_true", help="answer-only: skip the <think> side")
     args = parser.parse_args()
 
     from transformers.utils import logging as hf_logging
@@ -296,7 +305,7 @@ def main() -> int:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         if args.command == "answer-only":
-            answer_only_alone(Path(tmp), emit, args.steps)
+            answer_only_alone(Path(tmp), emit, args.steps, think=not args.no_think)
         else:
             guidance_variants(Path(tmp), emit)
     return 0
