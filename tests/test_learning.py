@@ -47,3 +47,10 @@ def test_grpo_learns_to_look_and_plain_trl_does_not():
     assert curation["ratio"] is not None and curation["ratio"] > 1, curation
     assert curation["flat_groups_curated"] < curation["flat_groups_whole"], curation
     assert curation["test_miou_curated"] > 0 and curation["test_miou_whole"] > 0, curation
+    # Answer-only (TimeLens's setting): its own cold start on "The event happens in S - E seconds.", then the same
+    # GRPO steps with the IoU reward alone. It must still write the sentence the reward reads, and read the frames.
+    answer_only = lines["answer_only"]
+    assert answer_only["steps"] == lines["learning_iou"]["steps"], answer_only
+    assert answer_only["parsed_after"] >= 90, answer_only
+    assert answer_only["ours"] > answer_only["blank_after"], answer_only  # real frames beat black frames
+    assert answer_only["think_decoded_tokens_per_step"] is not None, answer_only  # measured beside <think>

@@ -89,6 +89,7 @@ def test_zero3_offload_runs_on_cpu(tiny_model_dir, tmp_path):
 @pytest.mark.parametrize(
     ("name", "processes", "machines", "stage", "offload"),
     [
+        ("zero1.yaml", 8, 1, 1, "none"),
         ("zero2.yaml", 8, 1, 2, "none"),
         ("zero3.yaml", 8, 1, 3, "none"),
         ("zero3_offload.yaml", 8, 1, 3, "cpu"),
@@ -108,7 +109,9 @@ def test_gpu_configs_are_valid_accelerate_configs(name, processes, machines, sta
         assert config.deepspeed_config["zero3_save_16bit_model"] is True
 
 
-@pytest.mark.parametrize("name", ["zero2.yaml", "zero3.yaml", "zero3_offload.yaml", "multi_node_zero3.yaml"])
+@pytest.mark.parametrize(
+    "name", ["zero1.yaml", "zero2.yaml", "zero3.yaml", "zero3_offload.yaml", "multi_node_zero3.yaml"]
+)
 def test_every_gpu_config_has_a_cpu_twin_that_differs_only_in_device_and_process_count(name):
     """The launched tests run the twins (cpu/<name>), so they run the DeepSpeed stage, offload and bf16 users run."""
     from accelerate.commands.config.config_args import load_config_from_file

@@ -125,6 +125,11 @@ CASES = {
             "peft_config": LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
         },
     ),
+    # TimeLens-7B's layout: each temporal patch its own block, led by its time as text
+    "beta_ref_copy-qwen2_5_vl_text_timestamps": dict(
+        overrides={"beta": 0.04, "per_device_train_batch_size": 4, "num_generations": 2, "num_iterations": 2},
+        trainer_kwargs={"frame_timestamps_in_text": True},
+    ),
     "beta0-qwen3_vl": dict(
         family="qwen3_vl",
         overrides={"per_device_train_batch_size": 4, "num_generations": 4, "num_iterations": 2},

@@ -14,7 +14,12 @@ Formats (``dataset_format``; auto-detected when unset):
   ``length`` column (``durations_file``);
 - ``grounding_json``: ``{vid: {"duration", "timestamps", "sentences"}}``, the TimeZero/VideoChat-R1 Charades
   JSON and ActivityNet Captions (whose sentences often start with a space: all sentences are stripped);
-- ``qvhighlights``: QVHighlights JSONL, several ``relevant_windows`` per query.
+- ``qvhighlights``: QVHighlights JSONL, several ``relevant_windows`` per query;
+- ``timelens_100k``: TimeLens-100K JSONL (TencentARC/TimeLens), one video per line,
+  ``{"video_path", "duration", "source", "events": [{"query", "span"}, ...]}``: each event is one query, its id
+  the video path without extension plus ``_<n>`` (numbered over the file, like ``charades_txt``);
+- ``timelens_bench``: TimeLens-Bench JSON (Charades-, ActivityNet-, QVHighlights-TimeLens),
+  ``{video_id: {"duration", "spans", "queries"}}``, ``spans[i]`` answering ``queries[i]``; ids ``<video_id>_<i>``.
 
 Policy, counted in :class:`DataReport`: a span with start >= end is skipped; an end past the video's
 duration (by more than 5 ms of float noise) is clamped to it (a start past it makes the span invalid); a missing video is listed. With
@@ -26,13 +31,14 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 # Ends within this much of the duration are float noise (ActivityNet stores 113.25999999999999 beside 113.26):
 # they are set to the duration without being counted as clamped.
 END_TOLERANCE_S = 0.005
-FORMATS = ("jsonl", "charades_txt", "grounding_json", "qvhighlights")
+FORMATS = ("jsonl", "charades_txt", "grounding_json", "qvhighlights", "timelens_100k", "timelens_bench")
 DEFAULT_EXTENSIONS = (".mp4", ".webm", ".mkv", ".avi", ".mov")
 
 
@@ -128,22 +134,75 @@ def _read_qvhighlights(path: Path, durations: dict | None):
         )
 
 
-def _read_grounding_json(path: Path, durations: dict | None):
+def _read_json_object(path: Path, shape: str) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
-        raise AnnotationError(f"{path}: not valid JSON ({err.msg})") from err
+        raise AnnotationError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from err
     if not isinstance(data, dict):
-        raise AnnotationError(f"{path}: expected {{video_id: {{duration, timestamps, sentences}}}}")
+        raise AnnotationError(f"{path}: expected {shape}, got a JSON {type(data).__name__}")
+    return data
+
+
+def _read_per_video_json(path: Path, span_key: str, sentence_key: str):
+    """``{vid: {duration, <span_key>, <sentence_key>}}``: the grounding_json and timelens_bench layouts."""
+    data = _read_json_object(path, f"{{video_id: {{duration, {span_key}, {sentence_key}}}}}")
     for vid, entry in data.items():
         where = f"{path}: video {vid}"
-        _need(entry, ("duration", "timestamps", "sentences"), where)
-        if len(entry["timestamps"]) != len(entry["sentences"]):
+        if not isinstance(entry, dict):
+            raise AnnotationError(f"{where}: expected an object with duration, {span_key}, {sentence_key}")
+        _need(entry, ("duration", span_key, sentence_key), where)
+        spans, sentences = entry[span_key], entry[sentence_key]
+        if not isinstance(spans, list) or not isinstance(sentences, list) or len(spans) != len(sentences):
             raise AnnotationError(
-                f"{where}: {len(entry['timestamps'])} timestamps but {len(entry['sentences'])} sentences"
+                f"{where}: {span_key} and {sentence_key} must be lists of one length, got "
+                f"{len(spans) if isinstance(spans, list) else spans!r} and "
+                f"{len(sentences) if isinstance(sentences, list) else sentences!r}"
             )
-        for index, (span, sentence) in enumerate(zip(entry["timestamps"], entry["sentences"], strict=True)):
+        for index, (span, sentence) in enumerate(zip(spans, sentences, strict=True)):
             yield f"{where} #{index}", f"{vid}_{index}", vid, entry["duration"], span, sentence
+
+
+def _read_grounding_json(path: Path, durations: dict | None):
+    yield from _read_per_video_json(path, "timestamps", "sentences")
+
+
+def timelens_query(query) -> str:
+    """A TimeLens query as their loader cleans it (timelens/dataset/timelens_data.py ``parse_query``): runs of
+    whitespace become one space, and trailing periods go, since the prompt quotes it inside a sentence."""
+    return re.sub(r"\s+", " ", str(query)).strip().strip(".").strip()
+
+
+def _read_timelens_bench(path: Path, durations: dict | None):
+    for where, query_id, vid, duration, span, query in _read_per_video_json(path, "spans", "queries"):
+        yield where, query_id, vid, duration, span, timelens_query(query)
+
+
+def _read_timelens_100k(path: Path, durations: dict | None):
+    counter: dict[str, int] = {}
+    for where, record in _read_jsonl_lines(path):
+        _need(record, ("video_path", "duration", "events"), where)
+        events = record["events"]
+        if not isinstance(events, list) or not events:
+            raise AnnotationError(
+                f"{where}: events must be a non-empty list of {{query, span}}, got {events!r}"
+            )
+        video = str(record["video_path"])
+        stem = str(Path(video).with_suffix(""))
+        for index, event in enumerate(events):
+            at = f"{where} event {index}"
+            if not isinstance(event, dict):
+                raise AnnotationError(f"{at}: expected {{query, span}}, got {event!r}")
+            _need(event, ("query", "span"), at)
+            number = counter[stem] = counter.get(stem, -1) + 1
+            yield (
+                at,
+                f"{stem}_{number}",
+                video,
+                record["duration"],
+                event["span"],
+                timelens_query(event["query"]),
+            )
 
 
 def read_durations_csv(path: str | Path) -> dict[str, float]:
@@ -184,6 +243,8 @@ READERS = {
     "charades_txt": _read_charades_txt,
     "grounding_json": _read_grounding_json,
     "qvhighlights": _read_qvhighlights,
+    "timelens_100k": _read_timelens_100k,
+    "timelens_bench": _read_timelens_bench,
 }
 
 
@@ -193,10 +254,14 @@ def detect_format(path: str | Path) -> str:
     if path.suffix == ".txt":
         return "charades_txt"
     if path.suffix == ".json":
-        return "grounding_json"
+        data = _read_json_object(path, "{video_id: {...}}")
+        first = next(iter(data.values()), None)
+        return "timelens_bench" if isinstance(first, dict) and "queries" in first else "grounding_json"
     if path.suffix == ".jsonl":
         for _, record in _read_jsonl_lines(path):
-            return "qvhighlights" if "relevant_windows" in record else "jsonl"
+            if "relevant_windows" in record:
+                return "qvhighlights"
+            return "timelens_100k" if "events" in record else "jsonl"
     raise AnnotationError(
         f"{path}: cannot tell the annotation format; set dataset_format to one of {FORMATS}"
     )

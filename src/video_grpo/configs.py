@@ -26,6 +26,19 @@ DEFAULT_PROMPT = (
     '<answer> </answer> tags. For example: "12.54 to 17.83".'
 )
 
+# TimeLens's answer-only prompts (TencentARC/TimeLens training/data/grounding.py GROUNDING_PROMPT and
+# GROUNDING_PROMPT_TEXT_TIMESTAMP, the same text as evaluation/utils.py), with their '{}' as our '{sentence}'.
+# The answer is one sentence, read by rewards.parse_answer_only; pair them with reward_funcs [iou_answer_only].
+TIMELENS_PROMPT = (
+    "Please find the visual event described by the sentence '{sentence}', determining its starting and ending "
+    "times. The format should be: 'The event happens in <start time> - <end time> seconds'."
+)
+# The TimeLens-7B (Qwen2.5-VL) prompt: frames carry their time as text before them (frame_timestamps_in_text).
+TIMELENS_PROMPT_TEXT_TIMESTAMPS = (
+    "You are given a video with multiple frames. The numbers before each video frame indicate its sampling "
+    "timestamp (in seconds). " + TIMELENS_PROMPT
+)
+
 
 @dataclass
 class GRPOScriptArguments:
@@ -51,7 +64,7 @@ class GRPOScriptArguments:
         default=None,
         metadata={
             "help": "Annotation format: jsonl, charades_txt, grounding_json (TimeZero/VideoChat Charades, "
-            "ActivityNet Captions) or qvhighlights. Detected from the file when unset."
+            "ActivityNet Captions), qvhighlights, timelens_100k or timelens_bench. Detected from the file when unset."
         },
     )
     durations_file: str | None = field(
@@ -81,6 +94,21 @@ class GRPOScriptArguments:
         metadata={
             "help": "A video that cannot be read during training is replaced by another sample and counted "
             "(data/bad_samples). Above this fraction of the samples seen, the run stops."
+        },
+    )
+    train_vision_merger: bool = field(
+        default=False,
+        metadata={
+            "help": "With freeze_vision_tower: the vision module's merger (the projection into the language "
+            "model, model.visual.merger) still trains, as TimeLens's --freeze_merger False."
+        },
+    )
+    frame_timestamps_in_text: bool = field(
+        default=False,
+        metadata={
+            "help": "Qwen2.5-VL only: write each temporal patch's time before it in the prompt, "
+            "'<t seconds>' + its own vision block, as TimeLens-7B does (video_grpo.families). Qwen3-VL and "
+            "Qwen3.5 always do this; there it is an error."
         },
     )
     freeze_vision_tower: bool = field(
@@ -260,6 +288,12 @@ class GRPOScriptArguments:
                 resolve_reward_funcs(self.reward_funcs, self.reward_kwargs)
             except ValueError as err:
                 fail("reward_funcs", str(err))
+        if "iou_answer_only" in self.reward_funcs and {"format", "format_soft"} & set(self.reward_funcs):
+            fail(
+                "reward_funcs",
+                f"{self.reward_funcs} pairs iou_answer_only (an answer-only sentence, no tags) with a format "
+                "reward that needs <think>/<answer> tags; TimeLens uses [iou_answer_only] alone.",
+            )
         from video_grpo.grpo_math import SHAPING_METHODS
 
         if self.advantage_shaping not in SHAPING_METHODS:
@@ -267,6 +301,11 @@ class GRPOScriptArguments:
                 "advantage_shaping",
                 f"unknown shaping {self.advantage_shaping!r}; choose one of "
                 f"{list(SHAPING_METHODS)} ('tempsamp' with gt_guidance: true is TempSamp-R1).",
+            )
+        if self.train_vision_merger and not self.freeze_vision_tower:
+            fail(
+                "train_vision_merger",
+                "only applies with freeze_vision_tower: true (without it the whole vision module trains).",
             )
         if self.gt_guidance and self.advantage_shaping == "none":
             import logging
@@ -351,6 +390,7 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
         model_args.model_name_or_path, model_args.model_revision, training_args.trust_remote_code
     )
     check_video_budget(script_args, family)
+    family.with_text_timestamps(script_args.frame_timestamps_in_text)  # an error on Qwen3-VL / Qwen3.5
     if script_args.shared_prefix:
         check_shared_prefix(model_args, training_args.trust_remote_code)
 

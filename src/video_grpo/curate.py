@@ -17,6 +17,11 @@ takes its best), then its mean and population std over the k answers. A query is
 than N in the band, the N whose mean is closest to ``--target_iou`` (default 0.5) are kept, ties broken by id;
 the rest are "capped". The curated file keeps the queries in their original order.
 
+``--rule gaussian`` is TimeLens's rule instead of the band (:mod:`video_grpo.difficulty_draw`): ``--target_size``
+queries (TimeLens: 2500) are drawn without replacement, seeded by ``--seed``, with weight Gaussian(mean IoU;
+``--gaussian_mean`` 0.05, ``--gaussian_std`` 0.2) x the inverse density of 20 IoU bins. Drawn queries are
+"kept", the others "not_drawn"; the outputs are the same.
+
 Outputs in ``--output_dir D``:
 
 - ``D/per_query.jsonl``: ``id``, ``k``, ``mean_iou``, ``std_iou``, ``ious``, ``parse_failures``,
@@ -48,7 +53,8 @@ from video_grpo.annotations import iter_jsonl_objects, write_jsonl
 from video_grpo.distributed import end_run, exit_process, process_state
 from video_grpo.evaluate import parse_prediction, query_iou
 
-STATUSES = ("kept", "too_hard", "too_easy", "capped")
+STATUSES = ("kept", "too_hard", "too_easy", "capped", "not_drawn")
+RULES = ("band", "gaussian")
 QUERY_FIELDS = ("video", "duration", "solution", "sentence")
 
 
@@ -159,6 +165,18 @@ def assign_status(
     return stats
 
 
+def assign_gaussian_status(
+    stats: list[dict], target_size: int, seed: int, mean: float, std: float
+) -> list[dict]:
+    """TimeLens's rule: the drawn queries are kept, the others not_drawn (:func:`difficulty_draw.gaussian_draw`)."""
+    from video_grpo.difficulty_draw import gaussian_draw
+
+    drawn = set(gaussian_draw([e["mean_iou"] for e in stats], target_size, seed, mean, std))
+    for index, entry in enumerate(stats):
+        entry["status"] = "kept" if index in drawn else "not_drawn"
+    return stats
+
+
 # -- writing -------------------------------------------------------------------------------------------------
 
 
@@ -183,13 +201,21 @@ def relative_video(video: str, root: Path, where: str) -> str:
     return relative
 
 
-def plot_histogram(stats: list[dict], output: Path, min_iou: float, max_iou: float) -> Path:
+def plot_histogram(
+    stats: list[dict], output: Path, min_iou: float, max_iou: float, title: str | None = None
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"kept": "tab:green", "too_hard": "tab:red", "too_easy": "tab:blue", "capped": "tab:gray"}
+    colors = {
+        "kept": "tab:green",
+        "too_hard": "tab:red",
+        "too_easy": "tab:blue",
+        "capped": "tab:gray",
+        "not_drawn": "tab:olive",
+    }
     groups = [[e["mean_iou"] for e in stats if e["status"] == status] for status in STATUSES]
     labels = [
         f"{status.replace('_', ' ')} ({len(values)})" for status, values in zip(STATUSES, groups, strict=True)
@@ -198,7 +224,7 @@ def plot_histogram(stats: list[dict], output: Path, min_iou: float, max_iou: flo
     ax.hist(
         groups, bins=20, range=(0.0, 1.0), stacked=True, color=[colors[s] for s in STATUSES], label=labels
     )
-    for x in (min_iou, max_iou):
+    for x in (min_iou, max_iou) if title is None else ():
         ax.axvline(x, color="black", linestyle="--", linewidth=1)
     k_values = sorted({e["k"] for e in stats})
     k_text = str(k_values[0]) if len(k_values) == 1 else f"{k_values[0]}-{k_values[-1]}"
@@ -206,7 +232,7 @@ def plot_histogram(stats: list[dict], output: Path, min_iou: float, max_iou: flo
         xlabel=f"mean IoU of the query's {k_text} sampled answers",
         ylabel="queries",
         xlim=(0, 1),
-        title=f"{len(stats)} queries; band [{min_iou:g}, {max_iou:g}]",
+        title=title or f"{len(stats)} queries; band [{min_iou:g}, {max_iou:g}]",
     )
     ax.legend()
     fig.tight_layout()
@@ -224,11 +250,30 @@ def curate_queries(
     target_iou: float = 0.5,
     video_root: str | None = None,
     source: str = "",
+    rule: str = "band",
+    target_size: int = 2500,
+    seed: int = 42,
+    gaussian_mean: float = 0.05,
+    gaussian_std: float = 0.2,
 ) -> dict:
-    """Write per_query.jsonl, curated.jsonl, mean_iou_hist.png and summary.json; return the summary."""
+    """Write per_query.jsonl, curated.jsonl, mean_iou_hist.png and summary.json; return the summary.
+
+    ``rule``: "band" (min_iou/max_iou, max_queries, target_iou) or "gaussian" (target_size, seed,
+    gaussian_mean, gaussian_std; TimeLens's draw)."""
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}; choose one of {list(RULES)}")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stats = assign_status([query_stats(q) for q in queries], min_iou, max_iou, max_queries, target_iou)
+    stats = [query_stats(q) for q in queries]
+    if rule == "gaussian":
+        assign_gaussian_status(stats, target_size, seed, gaussian_mean, gaussian_std)
+        title = (
+            f"{len(stats)} queries; {sum(e['status'] == 'kept' for e in stats)} drawn, Gaussian "
+            f"({gaussian_mean:g}, {gaussian_std:g}) x inverse bin density, seed {seed}"
+        )
+    else:
+        assign_status(stats, min_iou, max_iou, max_queries, target_iou)
+        title = None
     root = choose_video_root(queries, video_root)
     curated = []
     for query, entry in zip(queries, stats, strict=True):
@@ -245,7 +290,7 @@ def curate_queries(
             )
     write_jsonl(out / "per_query.jsonl", stats)
     write_jsonl(out / "curated.jsonl", curated)
-    plot_histogram(stats, out / "mean_iou_hist.png", min_iou, max_iou)
+    plot_histogram(stats, out / "mean_iou_hist.png", min_iou, max_iou, title)
     counts = {status: sum(e["status"] == status for e in stats) for status in STATUSES}
     summary = {
         "queries": len(stats),
@@ -255,6 +300,17 @@ def curate_queries(
         "max_iou": max_iou,
         "max_queries": max_queries,
         "target_iou": target_iou,
+        "rule": rule,
+        **(
+            {
+                "target_size": target_size,
+                "seed": seed,
+                "gaussian_mean": gaussian_mean,
+                "gaussian_std": gaussian_std,
+            }
+            if rule == "gaussian"
+            else {}
+        ),
         "video_root": str(root),
         "curated": str(out / "curated.jsonl"),
     }
@@ -264,6 +320,25 @@ def curate_queries(
 
 def format_summary(summary: dict, source: str) -> str:
     k = summary["answers"] / summary["queries"]
+    if summary.get("rule") == "gaussian":
+        lines = [
+            f"{summary['queries']} queries, {summary['answers']} answers ({k:g} per query) from {source}",
+            f"  kept (drawn)       {summary['kept']:>6}  (target_size {summary['target_size']}, weight Gaussian("
+            f"mean IoU; {summary['gaussian_mean']:g}, {summary['gaussian_std']:g}) x inverse density of 20 IoU "
+            f"bins, seed {summary['seed']})",
+            f"  not drawn          {summary['not_drawn']:>6}",
+        ]
+    else:
+        lines = _band_lines(summary, source, k)
+    out = Path(summary["curated"]).parent
+    lines += [
+        f"wrote {out / 'per_query.jsonl'}, {out / 'curated.jsonl'}, {out / 'mean_iou_hist.png'}",
+        f"train on it with:  train_file: {summary['curated']}   video_root: {summary['video_root']}",
+    ]
+    return "\n".join(lines)
+
+
+def _band_lines(summary: dict, source: str, k: float) -> list[str]:
     lines = [
         f"{summary['queries']} queries, {summary['answers']} answers ({k:g} per query) from {source}",
         f"  kept               {summary['kept']:>6}  (min_iou {summary['min_iou']:g} <= mean IoU <= max_iou "
@@ -276,12 +351,7 @@ def format_summary(summary: dict, source: str) -> str:
             f"  dropped, capped    {summary['capped']:>6}  (over max_queries {summary['max_queries']}; kept the "
             f"means closest to {summary['target_iou']:g})"
         )
-    out = Path(summary["curated"]).parent
-    lines += [
-        f"wrote {out / 'per_query.jsonl'}, {out / 'curated.jsonl'}, {out / 'mean_iou_hist.png'}",
-        f"train on it with:  train_file: {summary['curated']}   video_root: {summary['video_root']}",
-    ]
-    return "\n".join(lines)
+    return lines
 
 
 # -- command line ----------------------------------------------------------------------------------------------
@@ -339,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_new_tokens", type=int, default=256)
     parser.add_argument("--max_samples", type=int, help="only the first N queries (smoke runs)")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="sampling seed, and the gaussian draw's (TimeLens: 42)"
+    )
     parser.add_argument("--min_iou", type=float, default=0.05, help="below this mean IoU a query is too hard")
     parser.add_argument("--max_iou", type=float, default=0.95, help="above this mean IoU a query is too easy")
     parser.add_argument(
@@ -347,6 +419,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--target_iou", type=float, default=0.5)
     parser.add_argument("--video_root", help="write video paths relative to this folder (see the module doc)")
+    parser.add_argument(
+        "--rule",
+        choices=RULES,
+        default="band",
+        help="band (min/max IoU) or gaussian (TimeLens's weighted draw)",
+    )
+    parser.add_argument(
+        "--target_size", type=int, default=2500, help="gaussian: queries drawn (TimeLens: 2500)"
+    )
+    parser.add_argument(
+        "--gaussian_mean", type=float, default=0.05, help="gaussian: weight centre (TimeLens)"
+    )
+    parser.add_argument("--gaussian_std", type=float, default=0.2, help="gaussian: weight width (TimeLens)")
     args = parser.parse_args(argv)
     if bool(args.predictions) == bool(args.model_name_or_path):
         parser.error("give either --predictions or --model_name_or_path (with --config)")
@@ -354,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--model_name_or_path needs --config (the recipe's data, video sampling and prompt)")
     if args.num_samples < 1:
         parser.error("--num_samples must be >= 1")
+    if args.target_size < 1 or args.gaussian_std <= 0:
+        parser.error("--target_size must be >= 1 and --gaussian_std > 0")
     if not 0 <= args.min_iou <= args.max_iou <= 1:
         parser.error(f"need 0 <= --min_iou <= --max_iou <= 1, got {args.min_iou} and {args.max_iou}")
     video_root = args.video_root
@@ -383,6 +470,11 @@ def curate_main(args: argparse.Namespace, path: Path, video_root: str | None) ->
             args.target_iou,
             video_root,
             source=str(path),
+            rule=args.rule,
+            target_size=args.target_size,
+            seed=args.seed,
+            gaussian_mean=args.gaussian_mean,
+            gaussian_std=args.gaussian_std,
         )
     except PredictionsError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -125,15 +125,17 @@ def generate_answers(
     do_sample: bool = False,
     temperature: float = 1.0,
     shared_prefill: bool = True,
+    text_timestamps: bool = False,
 ) -> list[str]:
     """Answers for a batch of dataset rows, through the same processing as training.
 
     ``shared_prefill``: rows that repeat a query (k samples per query) prefill its prompt once
     (:mod:`video_grpo.prefill`, which copies Qwen3.5's Gated DeltaNet states too); models with sequence-state
-    layers their family cannot fork take the plain path."""
+    layers their family cannot fork take the plain path.
+    ``text_timestamps``: the recipe's ``frame_timestamps_in_text`` (TimeLens-7B), as in training."""
     config = model.config
     tokenizer = processor.tokenizer
-    encoded = encode_rows(processor, rows, detect_family(config))
+    encoded = encode_rows(processor, rows, detect_family(config).with_text_timestamps(text_timestamps))
     shared_prefill = shared_prefill and not unforkable_layers(config)
     inputs = generation_inputs(
         encoded,
@@ -242,6 +244,11 @@ def generate_parts(
         .to(state.device)
         .eval()
     )
+    text_timestamps = False
+    if getattr(args, "config", None):
+        from video_grpo.configs import script_args_from_yaml
+
+        text_timestamps = script_args_from_yaml(args.config).frame_timestamps_in_text
     unit = "answer" if num_samples > 1 else "query"
     progress = tqdm(
         total=len(todo),
@@ -264,6 +271,7 @@ def generate_parts(
                     args.do_sample,
                     args.temperature,
                     getattr(args, "shared_prefill", True),
+                    text_timestamps,
                 )
                 records = [prediction_record(row, output) for row, output in zip(rows, outputs, strict=True)]
             except (

@@ -10,6 +10,15 @@ The trainer, data, encoder, evaluation and benchmark code ask the family instead
   (:mod:`video_grpo.positions` fixes their layout in transformers 5.24). Qwen3-VL / Qwen3.5: the processor
   writes ``<t seconds>`` before each temporal patch, the mean time of its two frames; we hand it the sampled
   frames' real timestamps, so variable-frame-rate files read right too.
+- **Textual timestamps on Qwen2.5-VL** (``frame_timestamps_in_text``, TimeLens-7B):
+  :meth:`ModelFamily.with_text_timestamps` gives a Qwen2.5-VL family whose prompt carries each temporal patch's time as text before it, in Qwen3-VL's
+  form, ``<t seconds><|vision_start|>`` + that patch's placeholders + ``<|vision_end|>``, t the mean time of the
+  patch's two frames (one decimal). TimeLens-7B's prompt says "the numbers before each video frame indicate its
+  sampling timestamp"; their ``TimeLensProcessor`` (``processing_timelens.py`` on the TimeLens-7B model card) is
+  transformers 4.57.1's Qwen2.5-VL processor modified for this. Its body is not in the stored sources we could
+  read, so the exact text is Qwen3-VL's, which TimeLens-8B uses. Each patch is then its own vision block, which
+  :mod:`video_grpo.positions` lays out as a one-patch grid (as for Qwen3-VL); the vision tower's features do not
+  change (Qwen2.5-VL's vision attention never crosses a temporal patch).
 - **The prompt text.** transformers 5.24's ``Qwen3VLProcessor`` expands only ``<|video_pad|>``, which leaves the
   chat template's ``<|vision_start|>`` / ``<|vision_end|>`` around the whole expanded video, one pair more than
   Qwen's reference processor and vLLM write; :meth:`ModelFamily.prompt_text` removes that pair first.
@@ -25,7 +34,7 @@ Placeholder ids (``image_token_id``, ``video_token_id``, ``vision_start_token_id
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -46,6 +55,7 @@ class ModelFamily:
     temporal_patch: int = 2  # frames per temporal patch
     # layer types carrying a sequence state that video_grpo.state_fork forks after a shared prompt
     forkable_state: tuple[str, ...] = ()
+    text_timestamps: bool = False  # Qwen2.5-VL only: we write "<t seconds>" per temporal patch (TimeLens-7B)
 
     @property
     def size_multiple(self) -> int:
@@ -65,6 +75,49 @@ class ModelFamily:
     def prompt_text(self, text: str) -> str:
         """The chat-template text the processor expands (see the module docstring for Qwen3's extra pair)."""
         return text.replace(VIDEO_BLOCK, VIDEO_PAD) if self.time_in_text else text
+
+    def with_text_timestamps(self, on: bool = True) -> ModelFamily:
+        """This family with each temporal patch's time written before it (TimeLens-7B); see the module doc.
+        Qwen3-VL and Qwen3.5 already carry time in the text, so asking there is an error."""
+        if not on:
+            return self
+        if self.time_in_text:
+            raise ValueError(
+                f"frame_timestamps_in_text: {self.name} already writes each frame's time in the prompt; "
+                "the option is for Qwen2.5-VL (TimeLens-7B). Remove it from the recipe."
+            )
+        return replace(self, text_timestamps=True)
+
+    def patch_times(self, metadata: dict) -> list[float]:
+        """Each temporal patch's time: the mean of its first and last frame's real timestamps (an odd last frame
+        repeated), as transformers' Qwen3VLProcessor computes it."""
+        times = [float(t) for t in metadata["timestamps"]]
+        if len(times) % self.temporal_patch:
+            times += [times[-1]] * (self.temporal_patch - len(times) % self.temporal_patch)
+        step = self.temporal_patch
+        return [(times[i] + times[i + step - 1]) / 2 for i in range(0, len(times), step)]
+
+    def interleave_timestamps(
+        self, prompt_ids: list[int], grid_thw, metadata: dict, tokenizer, video_token_id: int
+    ) -> list[int]:
+        """``prompt_ids`` with its one video block ``<|vision_start|>`` + t x n placeholders + ``<|vision_end|>``
+        rewritten as t blocks, each led by its ``<time seconds>`` tokens. Special tokens bound every piece, so
+        tokenizing a piece alone gives the tokens the whole text would."""
+        t, h, w = (int(v) for v in grid_thw)
+        per_patch = h * w // self.spatial_merge**2
+        first = prompt_ids.index(video_token_id)
+        start, end = first - 1, first + t * per_patch  # the vision_start and vision_end around the run
+        if prompt_ids[first:end].count(video_token_id) != t * per_patch or prompt_ids[end] == video_token_id:
+            raise ValueError(f"expected one run of {t * per_patch} video placeholders in the prompt")
+        vision_start, vision_end = prompt_ids[start], prompt_ids[end]
+        times = self.patch_times(metadata)
+        if len(times) != t:
+            raise ValueError(f"{len(times)} frame-pair times for a video of {t} temporal patches")
+        block = []
+        for seconds in times:
+            block += tokenizer(f"<{seconds:.1f} seconds>", add_special_tokens=False)["input_ids"]
+            block += [vision_start, *[video_token_id] * per_patch, vision_end]
+        return prompt_ids[:start] + block + prompt_ids[end + 1 :]
 
     def processor_metadata(self, metadata: dict) -> dict:
         """The processor's ``video_metadata`` entry for a sampled video (:func:`video_grpo.video.read_video`).

@@ -120,6 +120,8 @@ def build_trainer(
         advantage_shaping=script_args.advantage_shaping,
         answer_template=script_args.answer_template,
         shared_prefix=script_args.shared_prefix,
+        frame_timestamps_in_text=script_args.frame_timestamps_in_text,
+        train_vision_merger=script_args.train_vision_merger,
     )
 
 

@@ -54,6 +54,7 @@ def reference_rope_index(
         VIDEO: iter(video_grid_thw.tolist() if video_grid_thw is not None else []),
     }
     seconds = iter(second_per_grid_ts.tolist() if second_per_grid_ts is not None else [])
+    partial = None  # (grid, time step, patches left) of a video split into one block per temporal patch
     positions = torch.zeros(3, *input_ids.shape, dtype=input_ids.dtype, device=input_ids.device)
     deltas = []
     for row in range(input_ids.shape[0]):
@@ -68,6 +69,10 @@ def reference_rope_index(
             length = len(list(run))
             if kind == TEXT:
                 pieces.append(torch.arange(length).expand(3, -1) + next_position)
+            elif kind == VIDEO and partial is not None:
+                partial = _next_patches(partial, length, merge, row)
+                pieces.append(vision_block_positions(next_position, partial[0], merge, partial[1]))
+                partial = partial[2]
             else:
                 try:
                     grid = next(grids[kind])
@@ -77,12 +82,35 @@ def reference_rope_index(
                         f"{'video' if kind == VIDEO else 'image'}_grid_thw has rows"
                     ) from None
                 step = tokens_per_second * next(seconds, 1.0) if kind == VIDEO else 1.0
-                pieces.append(vision_block_positions(next_position, grid, merge, step))
+                t, h, w = (int(v) for v in grid)
+                if kind == VIDEO and length < t * h * w // merge**2:  # textual timestamps between its patches
+                    block, step, partial = _next_patches(((t, h, w), step, t), length, merge, row)
+                    pieces.append(vision_block_positions(next_position, block, merge, step))
+                else:
+                    pieces.append(vision_block_positions(next_position, grid, merge, step))
             next_position = int(pieces[-1].max()) + 1
+        if partial is not None:
+            raise ValueError(f"row {row}: a video's last {partial[2]} temporal patches have no tokens")
         row_positions = torch.cat(pieces, dim=1) if pieces else torch.zeros(3, 0, dtype=torch.long)
         positions[:, row, keep] = row_positions.to(positions.device, positions.dtype)
         deltas.append(next_position - int(keep.sum()))
     return positions, torch.tensor(deltas, device=input_ids.device).unsqueeze(1)
+
+
+def _next_patches(state, length: int, merge: int, row: int):
+    """For a video whose temporal patches are separate blocks (text between them, as with
+    ``frame_timestamps_in_text``): ``(grid of this block, time step, state for the next block or None)``. A block
+    of m patches is laid out as an (m, h, w) grid starting where it starts, as Qwen3-VL's one-patch grids are."""
+    (t, h, w), step, left = state
+    per_patch = h * w // merge**2
+    if length % per_patch or length // per_patch > left:
+        raise ValueError(
+            f"row {row}: a video block of {length} tokens is not a whole number of its {per_patch}-token "
+            f"patches ({left} left)"
+        )
+    patches = length // per_patch
+    rest = left - patches
+    return (patches, h, w), step, ((t, h, w), step, rest) if rest else None
 
 
 def install() -> None:

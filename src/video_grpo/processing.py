@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from video_grpo import positions
-from video_grpo.families import ModelFamily
+from video_grpo.families import VIDEO_PAD, ModelFamily
 
 positions.install()  # every Qwen2.5-VL forward and generation uses the reference 3-D position layout
 
@@ -95,8 +95,17 @@ def encode_rows(
         torch.as_tensor(encoded["pixel_values_videos"], dtype=torch.float32), grid.prod(-1).tolist()
     )
     time = family.time_inputs([rows[i]["video_metadata"] for i in order])
+    prompt_ids = [list(ids) for ids in encoded["input_ids"]]
+    if family.text_timestamps:  # TimeLens-7B: each temporal patch led by its time (families.py)
+        video_token_id = processor.tokenizer.convert_tokens_to_ids(VIDEO_PAD)
+        prompt_ids = [
+            family.interleave_timestamps(
+                ids, grid[u], rows[order[u]]["video_metadata"], processor.tokenizer, video_token_id
+            )
+            for u, ids in enumerate(prompt_ids)
+        ]
     return {
-        "prompt_ids": [list(encoded["input_ids"][u]) for u in row_to_unique],
+        "prompt_ids": [prompt_ids[u] for u in row_to_unique],
         "video_pixels": [pixels[u] for u in row_to_unique],
         "video_grid_thw": grid[row_to_unique],
         **{key: value[row_to_unique] for key, value in time.items()},

@@ -14,6 +14,12 @@ Answer parsing (:func:`parse_span`, shared with evaluation):
 - S > E, negative values, NaN/inf and values above 10^6 s are unparsable and score 0;
 - for rewards the span is then clipped to ``[0, duration]`` when the duration is known.
 
+Answer-only answers (``iou_answer_only``, TimeLens, arXiv 2512.14698): the completion is one sentence,
+``The event happens in S - E seconds.``, with no ``<think>`` or ``<answer>`` tags. :func:`parse_answer_only`
+reads the last ``S - E`` (or ``S to E``) anywhere in it; an ``<answer>`` block, if the model writes one anyway,
+wins, exactly as :func:`video_grpo.evaluate.parse_prediction` scores it, so training and evaluation read an
+answer the same way. The reward is that span's IoU alone: TimeLens trains with no format term.
+
 Multi-span answers (``multi_span_iou``): every ``S to E`` in the last answer block, separated by ``;`` or
 ``,``, is a predicted span. Predicted and true spans are each merged into a union of intervals, and the
 reward is |pred ∩ true| / |pred ∪ true| measured in seconds. Overlapping predictions therefore cannot
@@ -49,6 +55,11 @@ _FORMAT_RE = re.compile(
 DEFAULT_ANSWER_TEMPLATE = (
     "<think>The event is visible from {start} to {end} seconds.</think><answer>{start} to {end}</answer>"
 )
+
+
+# TimeLens's answer sentence (training/data/grounding.py ``_format_response`` in TencentARC/TimeLens writes spans
+# with one decimal, our ANSWER_DECIMALS): the answer-only SFT target, and what the answer-only prompt asks for.
+ANSWER_ONLY_TEMPLATE = "The event happens in {start} - {end} seconds."
 
 
 def render_answer(template: str, start: float, end: float, sentence: str = "", decimals: int = 1) -> str:
@@ -128,6 +139,14 @@ def parse_span(completion) -> tuple[float, float] | None:
     return None if block is None else parse_span_in(block)
 
 
+def parse_answer_only(completion) -> tuple[float, float] | None:
+    """The span of an answer-only completion (``The event happens in S - E seconds.``): the last ``<answer>``
+    block's span if there is a block, else the last span anywhere; None when there is none or it is invalid."""
+    text = completion_text(completion)
+    block = answer_block(text)
+    return parse_span_in(block if block is not None else text)
+
+
 def temporal_iou(pred: tuple[float, float], gt: tuple[float, float]) -> float:
     """IoU of two [start, end] spans; 0 when the union is empty."""
     inter = max(0.0, min(pred[1], gt[1]) - max(pred[0], gt[0]))
@@ -170,6 +189,19 @@ def iou_reward(completions: list, solution: list, **kwargs) -> list[float]:
     rewards = []
     for completion, gt, duration in zip(completions, solution, durations, strict=True):
         span = parse_span(completion)
+        rewards.append(
+            0.0 if span is None else temporal_iou(_clip(span, duration), (float(gt[0]), float(gt[1])))
+        )
+    return rewards
+
+
+def iou_answer_only_reward(completions: list, solution: list, **kwargs) -> list[float]:
+    """TimeLens's reward: temporal IoU of the answer-only span (:func:`parse_answer_only`), clipped to the video,
+    with ``solution``; 0 if no span. No tags are needed, so pair it with no ``format`` reward."""
+    durations = _column(kwargs, "duration", len(completions))
+    rewards = []
+    for completion, gt, duration in zip(completions, solution, durations, strict=True):
+        span = parse_answer_only(completion)
         rewards.append(
             0.0 if span is None else temporal_iou(_clip(span, duration), (float(gt[0]), float(gt[1])))
         )
@@ -258,6 +290,7 @@ def format_soft_reward(completions: list, **kwargs) -> list[float]:
 
 REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
     "iou": iou_reward,
+    "iou_answer_only": iou_answer_only_reward,
     "format": format_reward,
     "format_soft": format_soft_reward,
     "iou_dist": iou_dist_reward,

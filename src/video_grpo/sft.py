@@ -98,7 +98,9 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     if not script_args.train_file:
         raise ValueError("train_file: not set; point it at the training annotations.")
 
-    family = family_of_model(model_args.model_name_or_path, model_args.model_revision)
+    family = family_of_model(model_args.model_name_or_path, model_args.model_revision).with_text_timestamps(
+        script_args.frame_timestamps_in_text
+    )
     train_dataset, eval_dataset = build_datasets(script_args, family)
     processor = AutoProcessor.from_pretrained(
         model_args.model_name_or_path, revision=model_args.model_revision

@@ -101,6 +101,8 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         advantage_shaping: str = "none",
         answer_template: str = DEFAULT_ANSWER_TEMPLATE,
         shared_prefix: bool | None = None,
+        frame_timestamps_in_text: bool = False,
+        train_vision_merger: bool = False,
         **kwargs,
     ) -> None:
         """
@@ -108,7 +110,8 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             (None: all of them, 0: skip).
         max_bad_sample_fraction: stop when more than this share of the prompts seen had an unreadable video
             (each is replaced by another sample by the dataset; see ``video_grpo.data.VideoTransform``).
-        freeze_vision_tower: train the language model only.
+        freeze_vision_tower: train the language model only. train_vision_merger: with it, the vision module's
+            merger (its projection into the language model) still trains, as in TimeLens.
         encode_video_once: run the vision encoder once per unique video per forward (and, with a frozen
             tower, once per generation batch) instead of once per row; see ``video_grpo.encoder``.
         gt_guidance, advantage_shaping, answer_template: ground-truth-guided groups (TempSamp-R1); see
@@ -116,6 +119,8 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         shared_prefix: old-policy, reference and loss forwards run each prompt through the language model once
             per micro-batch (``video_grpo.prefix``). None: on where that is exact, else off with one warning;
             True: on, and an error where it cannot be exact; False: off.
+        frame_timestamps_in_text: Qwen2.5-VL prompts carry each temporal patch's time as text (TimeLens-7B;
+            ``video_grpo.families``), in generation, every forward and the grounding evaluation.
         """
         super().__init__(*args, **kwargs)
         self.gt_guidance = gt_guidance
@@ -136,10 +141,12 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         self._samples_seen = 0
         self._warned_bad_videos: set[str] = set()
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        self.family = detect_family(base.config)
+        self.family = detect_family(base.config).with_text_timestamps(frame_timestamps_in_text)
         visual = base.model.visual
         if freeze_vision_tower:
             visual.requires_grad_(False)
+            if train_vision_merger:
+                visual.merger.requires_grad_(True)
         self.video_encoder = self.ref_video_encoder = None
         if encode_video_once:
             frozen = not any(p.requires_grad for p in visual.parameters())
@@ -236,7 +243,13 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             for start in range(0, len(padded), batch_size):
                 batch = padded[start : start + batch_size]
                 rows = dataset.__getitems__(batch)
-                outputs = generate_answers(model, self.processing_class, rows, self.max_completion_length)
+                outputs = generate_answers(
+                    model,
+                    self.processing_class,
+                    rows,
+                    self.max_completion_length,
+                    text_timestamps=self.family.text_timestamps,
+                )
                 real = max(0, min(batch_size, len(indices) - start))  # the rest of the batch is padding
                 records += [
                     prediction_record(row, out) for row, out in zip(rows[:real], outputs[:real], strict=True)

@@ -15,6 +15,10 @@ Reported (JSON lines, the benchmark schema):
   span that scores best on the training set;
 - ``gt_guidance_gain``: mean IoU reward of the policy's own answers over the last 20% of steps, with
   ground-truth-guided groups and TempSamp shaping vs without;
+- ``answer_only``: TimeLens's setting on the same task: a cold start taught ``The event happens in S - E
+  seconds.`` (same videos, model and SFT steps), then the same GRPO steps with the IoU reward alone; test mIoU
+  after vs before, beside the ``<think>`` setting's, and the tokens decoded per step in each (TRL's
+  ``completions/mean_length`` x the 64 answers of a step);
 - ``curation_signal``: the mean within-group std of the IoU reward, training on the curated vs the whole of a pool
   with a spread of difficulty, for the same steps (:mod:`video_grpo.bench.curation`).
 """
@@ -78,6 +82,7 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> d
             if budget.guided_steps
             else []
         )
+    answer_only = answer_only_row(work, data, budget, steps, emit, before, after, ours)
     ious = series(ours, "rewards/iou_reward/mean")
     first, last = fifth_means(ious)
     ours_gain, plain_gain = after["mIoU"] - before["mIoU"], plain_after["mIoU"] - before["mIoU"]
@@ -124,6 +129,7 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> d
             goal="ours > baseline",
             **queries,
         ),
+        "answer_only": answer_only,
         "best_fixed_span": emit(
             "best_fixed_span_miou",
             after["mIoU"],
@@ -161,6 +167,46 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> d
     if plot_to is not None:
         plot_learning(curves, plot_to)
     return results
+
+
+def decoded_per_step(history: list[dict]) -> float:
+    """Mean tokens decoded per GRPO step: the mean answer length times the step's answers."""
+    lengths = series(history, "completions/mean_length")
+    return sum(lengths) / len(lengths) * runs.GRPO_SETTINGS["per_device_train_batch_size"]
+
+
+def answer_only_row(
+    work: Path, data: Path, budget, steps: int, emit, before: dict | None, after: dict | None, ours
+) -> dict:
+    """The answer-only row: its own cold start, the same GRPO steps with the IoU reward alone, test mIoU before and
+    after, beside the ``<think>`` run of this benchmark (``before``/``after``/``ours``; None: not run here)."""
+    start = runs.answer_only_start(work, data, budget)
+    train = runs.task_dataset(data / "train.jsonl", prompt=runs.ANSWER_ONLY_PROMPT)
+    test = runs.task_dataset(data / "test.jsonl", prompt=runs.ANSWER_ONLY_PROMPT)
+    with contextlib.redirect_stdout(sys.stderr):  # trainer logs; the row's JSON line goes to stdout
+        start_metrics = runs.test_metrics(start, test)
+        history = runs.grpo(start, train, work / "answer_only", steps, answer_only=True)
+        end_metrics = runs.test_metrics(work / "answer_only", test)
+        blank = runs.test_metrics(
+            work / "answer_only", runs.with_transform(test, runs.BlankFrames, runs.ANSWER_ONLY_PROMPT)
+        )
+    return emit(
+        "answer_only",
+        end_metrics["mIoU"],
+        start_metrics["mIoU"],
+        "test mIoU % after vs before GRPO, answer-only cold start and IoU reward alone (TimeLens's setting)",
+        blank_after=round(blank["mIoU"], 3),
+        parsed_before=round(start_metrics["parsed"], 3),
+        parsed_after=round(end_metrics["parsed"], 3),
+        think_before=round(before["mIoU"], 3) if before else None,
+        think_after=round(after["mIoU"], 3) if after else None,
+        decoded_tokens_per_step=round(decoded_per_step(history), 1),
+        think_decoded_tokens_per_step=round(decoded_per_step(ours), 1) if ours else None,
+        reward_first_fifth=round(fifth_means(series(history, "rewards/iou_reward/mean"))[0], 4),
+        reward_last_fifth=round(fifth_means(series(history, "rewards/iou_reward/mean"))[1], 4),
+        steps=len(history),
+        goal="ours > baseline",
+    )
 
 
 # TempSamp-R1 variants for gt_guidance_gain (docs/learning.md records each one's number): tau of Eq. 4, and guiding
@@ -209,6 +255,31 @@ def guidance_variants(work: Path, emit, variants: dict[str, dict] = GUIDANCE_VAR
     return results
 
 
+def answer_only_alone(work: Path, emit, steps: int | None = None, think: bool = True) -> dict:
+    """The ``answer_only`` row and the ``<think>`` run it is compared with, without the other rows: the same task,
+    seeds and cold starts as ``bench learning`` (``steps``: fewer GRPO steps for both, a reduced run; ``think``
+    False: the answer-only side only, its think fields None)."""
+    from video_grpo.toys.synthetic import make_flash_split
+    from video_grpo.toys.tiny import build_tiny_model
+
+    budget = FULL
+    steps = steps or budget.grpo_steps
+    if not think:
+        data = work / "task"
+        make_flash_split(data, "train", budget.train, seed=10, task=budget.task)
+        make_flash_split(data, "test", budget.test, seed=11, task=budget.task)
+        build_tiny_model(work / "tiny", **runs.MODEL_SIZE)
+        return answer_only_row(work, data, budget, steps, emit, None, None, None)
+    data, _, start = cold_start(work, budget)
+    make_flash_split(data, "test", budget.test, seed=11, task=budget.task)
+    train, test = runs.task_dataset(data / "train.jsonl"), runs.task_dataset(data / "test.jsonl")
+    with contextlib.redirect_stdout(sys.stderr):
+        before = runs.test_metrics(start, test)
+        ours = runs.grpo(start, train, work / "ours", steps)
+        after = runs.test_metrics(work / "ours", test)
+    return answer_only_row(work, data, budget, steps, emit, before, after, ours)
+
+
 def main() -> int:
     import argparse
     import tempfile
@@ -218,17 +289,25 @@ def main() -> int:
     from video_grpo.bench.emit import emit
 
     parser = argparse.ArgumentParser(
-        description="gt_guidance_gain for each TempSamp-R1 variant (about 8 minutes)."
+        description="guidance-variants: gt_guidance_gain for each TempSamp-R1 variant (about 8 minutes); "
+        "answer-only: the answer_only row beside its <think> run, without the other rows."
     )
-    parser.add_argument("command", choices=["guidance-variants"])
-    parser.parse_args()
+    parser.add_argument("command", choices=["guidance-variants", "answer-only"])
+    parser.add_argument(
+        "--steps", type=int, help="answer-only: GRPO steps for both runs (default: the benchmark's)"
+    )
+    parser.add_argument("--no_think", action="store_true", help="answer-only: skip the <think> side")
+    args = parser.parse_args()
 
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        guidance_variants(Path(tmp), emit)
+        if args.command == "answer-only":
+            answer_only_alone(Path(tmp), emit, args.steps, think=not args.no_think)
+        else:
+            guidance_variants(Path(tmp), emit)
     return 0
 
 

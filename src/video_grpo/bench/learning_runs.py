@@ -28,6 +28,11 @@ PROMPT = (
     '"start to end" in seconds in <answer> </answer>.'
 )
 ANSWER_TEMPLATE = "<think>I look for the flash.</think><answer>{start} to {end}</answer>"
+# The answer-only setting (TimeLens): the same question, answered by one sentence, no tags; rewarded by IoU alone.
+ANSWER_ONLY_PROMPT = (
+    'When does "{sentence}" happen in this {duration}-second video? Answer with "The event happens in <start> - '
+    '<end> seconds."'
+)
 # 8 prompts x G = 8 per step; a low temperature keeps the sampled answers close to the greedy ones tested.
 GRPO_SETTINGS = {
     "per_device_train_batch_size": 64,
@@ -69,10 +74,11 @@ FULL = Budget(TASK, train=128, test=160, sft_steps=100, grpo_steps=80, guided_st
 QUICK = Budget(TASK, train=128, test=96, sft_steps=100, grpo_steps=40, guided_steps=0, curate=False)
 
 
-def cold_start(work: Path, budget: Budget) -> tuple[Path, list[dict], Path]:
+def cold_start(work: Path, budget: Budget, answer_only: bool = False) -> tuple[Path, list[dict], Path]:
     """The benchmark's training videos (generator seed 10) in ``work/task`` and its SFT cold start from the tiny
     model: the one checkpoint every comparison starts from. Returns the data folder, the training records and the
-    checkpoint."""
+    checkpoint. ``answer_only``: the same videos, model and SFT steps, taught the answer-only sentence instead
+    (``work/sft_answer_only``)."""
     from video_grpo.toys.synthetic import make_flash_split
     from video_grpo.toys.tiny import build_tiny_model
 
@@ -80,15 +86,43 @@ def cold_start(work: Path, budget: Budget) -> tuple[Path, list[dict], Path]:
     train_records = make_flash_split(data, "train", budget.train, seed=10, task=budget.task)
     model = build_tiny_model(work / "tiny", **MODEL_SIZE)
     with contextlib.redirect_stdout(sys.stderr):
-        start = sft(model, task_dataset(data / "train.jsonl"), work / "sft", steps=budget.sft_steps)
+        if answer_only:
+            from video_grpo.rewards import ANSWER_ONLY_TEMPLATE
+
+            dataset = task_dataset(data / "train.jsonl", prompt=ANSWER_ONLY_PROMPT)
+            start = sft(
+                model,
+                dataset,
+                work / "sft_answer_only",
+                steps=budget.sft_steps,
+                template=ANSWER_ONLY_TEMPLATE,
+            )
+        else:
+            start = sft(model, task_dataset(data / "train.jsonl"), work / "sft", steps=budget.sft_steps)
     return data, train_records, start
 
 
-def task_dataset(path: Path, **kwargs):
+def answer_only_start(work: Path, data: Path, budget: Budget) -> Path:
+    """The answer-only cold start: the same tiny model (``work/tiny``, built by :func:`cold_start`), videos and SFT
+    steps, taught ``The event happens in S - E seconds.`` (TimeLens's answer) instead of the ``<think>`` answer."""
+    from video_grpo.rewards import ANSWER_ONLY_TEMPLATE
+
+    dataset = task_dataset(data / "train.jsonl", prompt=ANSWER_ONLY_PROMPT)
+    with contextlib.redirect_stdout(sys.stderr):
+        return sft(
+            work / "tiny",
+            dataset,
+            work / "sft_answer_only",
+            steps=budget.sft_steps,
+            template=ANSWER_ONLY_TEMPLATE,
+        )
+
+
+def task_dataset(path: Path, prompt: str = PROMPT, **kwargs):
     """An annotation file of the flash task as the benchmark feeds it: its frame sampling and prompt."""
     from video_grpo.data import build_dataset
 
-    return build_dataset(path, sampling=SAMPLING, prompt_template=PROMPT, **kwargs)
+    return build_dataset(path, sampling=SAMPLING, prompt_template=prompt, **kwargs)
 
 
 def answers(
@@ -133,11 +167,20 @@ def test_metrics(model_dir: Path, dataset) -> dict:
     return {
         **{k: v for k, v in metrics.items() if k.startswith("R1@") or k == "mIoU"},
         "format": 100.0 * sum(formats) / len(formats),
+        "parsed": 100.0 * (1 - metrics["num_parse_failures"] / len(records)),
         "records": records,
     }
 
 
-def sft(model_dir: Path, dataset, out: Path, steps: int, learning_rate: float = 3e-3, seed: int = 0) -> Path:
+def sft(
+    model_dir: Path,
+    dataset,
+    out: Path,
+    steps: int,
+    learning_rate: float = 3e-3,
+    seed: int = 0,
+    template: str = ANSWER_TEMPLATE,
+) -> Path:
     """Supervised answers in the prompt's format (``dataset``'s spans) -> a checkpoint in ``out``."""
     from transformers import AutoProcessor
     from trl import SFTConfig, SFTTrainer
@@ -167,7 +210,7 @@ def sft(model_dir: Path, dataset, out: Path, steps: int, learning_rate: float = 
         model=str(model_dir),
         args=args,
         train_dataset=dataset,
-        data_collator=VideoSFTCollator(processor, ANSWER_TEMPLATE, QWEN2_5_VL),
+        data_collator=VideoSFTCollator(processor, template, QWEN2_5_VL),
         processing_class=processor,
     )
     trainer.train()
@@ -196,10 +239,10 @@ class BlankFrames(VideoTransform):
         return batch
 
 
-def with_transform(dataset, transform_class):
+def with_transform(dataset, transform_class, prompt: str = PROMPT):
     """A copy of a ``build_dataset`` dataset whose rows go through ``transform_class`` instead."""
     dataset = dataset.with_format(None)
-    dataset.set_transform(transform_class(SAMPLING, PROMPT, records=None))
+    dataset.set_transform(transform_class(SAMPLING, prompt, records=None))
     return dataset
 
 
@@ -244,6 +287,7 @@ def grpo(
     guidance_options: dict | None = None,
     group_stds: list[float] | None = None,
     seed: int = GRPO_SETTINGS["seed"],
+    answer_only: bool = False,
     **trainer_kwargs,
 ) -> list[dict]:
     """GRPO with the ``iou`` and ``format`` rewards from ``model_dir``; returns the per-step log.
@@ -252,7 +296,9 @@ def grpo(
     (``trainer_kwargs``: its options, e.g. ``gt_guidance``; ``guidance_options``: see :func:`guidance_variant`).
     Same config either way. ``group_stds``: if given, the IoU reward's std within every group of every step is
     appended to it (population std over the G answers to one prompt: the spread GRPO's advantages come from).
-    ``seed``: the trainer's seed (prompt order and sampling)."""
+    ``seed``: the trainer's seed (prompt order and sampling). ``answer_only``: the reward is ``iou_answer_only``
+    alone (TimeLens: no format term); its log entries carry ``rewards/iou_reward/mean`` too, so every row reads
+    the same key."""
     from transformers import AutoConfig, AutoProcessor
     from trl import GRPOConfig, GRPOTrainer
 
@@ -274,9 +320,17 @@ def grpo(
     trainer_class = GRPOTrainer if plain else VideoGRPOTrainer
     data = with_transform(dataset, FramesInPrompt) if plain else dataset
     accuracy = iou_reward if group_stds is None else recording_iou(group_stds, args.num_generations)
+    if answer_only:
+        from video_grpo.rewards import iou_answer_only_reward
+
+        def answer_only_iou(completions, **kwargs) -> list[float]:
+            return iou_answer_only_reward(completions=completions, **kwargs)
+
+        answer_only_iou.__name__ = "iou_reward"  # TRL logs a reward under its name: the rows share one key
+        accuracy = answer_only_iou
     trainer = trainer_class(
         model=str(model_dir),
-        reward_funcs=[accuracy, format_reward],
+        reward_funcs=[accuracy] if answer_only else [accuracy, format_reward],
         args=args,
         train_dataset=data,
         processing_class=trainer_processor,
