@@ -428,7 +428,9 @@ class StepWalk:
         live["lm activations"] -= tokens * shape.hidden * 8
         flowing = tokens * shape.hidden * (4 + b)  # the gradient arriving from the head, and its cast
         for layer, kept in reversed(kept_by_layer):
-            if work.gradient_checkpointing:  # the layer's forward runs again, then its backward on what it saved
+            if (
+                work.gradient_checkpointing
+            ):  # the layer's forward runs again, then its backward on what it saved
                 ledger.moment(lm_activations=flowing + layer.forward_peak)
             ledger.moment(lm_activations=flowing + layer.retained - kept + layer.backward_peak)
             live["lm activations"] -= kept
