@@ -133,12 +133,6 @@ def text_layer_cost(
         )
         positions = torch.arange(length)[None].expand(3, rows, length)
         embeddings = language.rotary_emb(states, positions)
-        # A linear-attention layer (Qwen3.5) takes no 4-D mask: its model passes it None when no row is padded
-        attention = (
-            torch.ones(rows, 1, length, length, dtype=torch.bool)
-            if mask and kind != "linear_attention"
-            else None
-        )
         return layer(
             hidden_states=states,
             attention_mask=attention,
@@ -147,6 +141,14 @@ def text_layer_cost(
         )
 
     with mode:
+        # The model makes the 4-D mask once for all its layers (the planner counts it with the forward's inputs),
+        # so it is made before the trace counts. A linear-attention layer (Qwen3.5) takes none: its model passes
+        # it None when no row is padded.
+        attention = (
+            torch.ones(rows, 1, length, length, dtype=torch.bool)
+            if mask and kind != "linear_attention"
+            else None
+        )
         return trace(call, [p for p in layer.parameters() if p.requires_grad], grad)
 
 
@@ -193,15 +195,25 @@ def vision_block_cost(
 
 @functools.lru_cache(maxsize=64)
 def vision_tower_cost(
-    shape: ModelShape, dtype: str, grid: tuple[int, int, int], grad: bool, deepstack: bool = False
+    shape: ModelShape,
+    dtype: str,
+    grid: tuple[int, int, int],
+    grad: bool,
+    deepstack: bool = False,
+    checkpointed: bool = False,
 ):
     """The vision tower cut to one (frame-attention) block, with one DeepStack merger if ``deepstack``: its stem
-    (patch embedding, positions) and merger come out as this minus :func:`vision_block_cost`."""
+    (patch embedding, positions) and merger come out as this minus :func:`vision_block_cost`, one DeepStack
+    merger as the difference of the two. ``checkpointed``: the block under gradient checkpointing, which keeps
+    its inputs (hidden states and the rotary tables, once for every block) instead of what it saved."""
     mode = HalfFake()
     config = _depth_one(shape)
     if deepstack:
         config.vision_config.deepstack_visual_indexes = [0]  # one DeepStack merger
     model = _model(config, getattr(torch, dtype), 0, ())
+    if checkpointed:
+        model.train()
+        model.gradient_checkpointing_enable({"use_reentrant": False})
     visual = model.model.visual
     fake_parameters(visual, mode)
     visual.requires_grad_(grad)

@@ -389,13 +389,22 @@ class StepWalk:
         if self.tower_trains:
             if self.device != "cpu":
                 live["vision activations"] += videos * sizes.patches * shape.patch_values * PIXEL_BYTES
-            tower = vision_tower_cost(shape, work.dtype, sizes.grid, True)
+            checkpointed = work.gradient_checkpointing
+            tower = vision_tower_cost(shape, work.dtype, sizes.grid, True, checkpointed=checkpointed)
             block = vision_block_cost(shape, work.dtype, sizes.grid, False, True)
-            per_block = (block.output if work.gradient_checkpointing else block.retained) * videos
+            block_kept = block.output if checkpointed else block.retained
+            per_block = block_kept * videos
             for _ in range(shape.vision_depth):
                 ledger.moment(vision_activations=vision_saved + block.forward_peak * videos)
                 vision_saved += per_block
-            vision_saved += max(0, tower.retained - block.retained) * videos  # stem and merger
+            # the stem and the merger (under checkpointing, also the rotary tables every block keeps)
+            rest = max(0, tower.retained - block_kept)
+            if shape.deepstack_levels:  # each DeepStack merger keeps its own activations (not its output,
+                # which the traced tower concatenates into a larger one)
+                deep = vision_tower_cost(shape, work.dtype, sizes.grid, True, True, checkpointed)
+                merger = deep.retained - tower.retained - (deep.output - tower.output)
+                rest += shape.deepstack_levels * max(0, merger)
+            vision_saved += rest * videos
             live["vision activations"] += vision_saved
         live["lm activations"] += self.forward_inputs()
         tokens = sizes.loss_rows * sizes.loss_length

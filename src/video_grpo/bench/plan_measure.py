@@ -196,12 +196,14 @@ def build_config(values: dict):
 
 
 def video_grid(visual_tokens: int, merge: int = 2) -> tuple[int, int, int]:
-    """A (t, h, w) patch grid with ``visual_tokens`` language-model tokens: 8 temporal patches of square frames
-    when the count allows, else one row of frames."""
-    per_frame = visual_tokens // 8
-    side = round(per_frame**0.5)
-    if side * side * 8 == visual_tokens:
-        return 8, side * merge, side * merge
+    """A (t, h, w) patch grid with ``visual_tokens`` language-model tokens: square frames, 8 temporal patches when
+    the count allows, else the nearest count that does (1,024 tokens: 16 of 8 x 8; 4,096: 16 of 16 x 16), else one
+    token per frame."""
+    for frames in (8, 16, 4, 32, 2, 64, 1):
+        per_frame, rest = divmod(visual_tokens, frames)
+        side = round(per_frame**0.5)
+        if not rest and side * side == per_frame:
+            return frames, side * merge, side * merge
     return visual_tokens, merge, merge
 
 
