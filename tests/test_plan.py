@@ -136,6 +136,55 @@ def test_each_gpu_recipe_fits_the_class_its_header_names(recipe, family_model):
     assert fitting == named, f"{recipe.name}: fits {sorted(fitting)}; its header names {sorted(named)}"
 
 
+FIT_ROW = re.compile(
+    r"^\|[^|\n]*`(?P<recipe>\w+)`[^|\n]*\| (?P<on>[\d.]+) GB[^|\n]*\|[^|\n]*\| (?P<off>[\d.]+) GB", re.M
+)
+
+
+def test_the_fit_tables_in_the_docs_match_the_planner():
+    """README's "Will it fit?" and planning.md's recipe table give each GPU recipe's peak per GPU, as shipped and with
+    `shared_prefix` and encode-once off; both columns are what the planner says now (they once drifted: the "off"
+    column had been filled with `shared_prefix` alone off)."""
+    rows = {}
+    for doc in ("README.md", "docs/planning.md"):
+        found = {
+            m["recipe"]: (float(m["on"]), float(m["off"])) for m in FIT_ROW.finditer((REPO / doc).read_text())
+        }
+        assert len(found) >= 8, f"{doc}: expected the recipes' fit table, found rows for {sorted(found)}"
+        for name, numbers in found.items():
+            assert rows.setdefault(name, numbers) == numbers, (
+                f"{doc}: {name} {numbers}, the other doc {rows[name]}"
+            )
+    recipes = {r.stem: r for r in RECIPES if gpu_recipe(r)}
+    assert set(rows) <= set(recipes), f"unknown recipes in the fit tables: {set(rows) - set(recipes)}"
+    code = (
+        "import json, sys\n"
+        "from video_grpo.plan import GB, make_plan, plan_recipe\n"
+        "out = {}\n"
+        "for recipe, launch, config in json.loads(sys.argv[1]):\n"
+        "    plan = plan_recipe(recipe, launch, gpu='h100-80gb', model_config=config)\n"
+        "    off = make_plan(plan.shape, plan.work.replace(shared_prefix=False, encode_once=False), plan.gpu)\n"
+        "    out[recipe] = [round(plan.memory.peak / GB, 1), round(off.memory.peak / GB, 1)]\n"
+        "print(json.dumps(out))\n"
+    )
+    jobs = []
+    for name in rows:
+        recipe = recipes[name]
+        launch = HEADER.search(recipe.read_text())["launch"]
+        jobs.append([str(recipe), launch, model_config(recipe, None)[0]])
+    result = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(jobs)], cwd=REPO, capture_output=True, text=True, timeout=1200
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    planned = json.loads(result.stdout.strip().splitlines()[-1])
+    wrong = {
+        name: {"docs": rows[name], "planner": planned[str(recipes[name])]}
+        for name in rows
+        if list(rows[name]) != planned[str(recipes[name])]
+    }
+    assert not wrong, f"fit tables out of date (GB as shipped, GB with both off): {wrong}"
+
+
 def test_a_recipe_that_does_not_fit_gets_changes_that_do():
     plan = plan_recipe(
         "configs/grpo/qwen2_5_vl_7b_charades.yaml",
