@@ -350,3 +350,33 @@ def test_counting_flops_keeps_no_recomputed_tensor_alive():
     assert stock_bytes > plain_bytes  # what the stock counter's hooks hold (the reason for ours)
     assert ours_bytes == plain_bytes
     assert ours_flops == stock_flops > 0
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "transposed"])
+def test_counting_flops_of_a_grouped_convolution_backward(transposed):
+    """torch's formula counts a grouped convolution's weight gradient as if ungrouped (``groups`` times too many:
+    Qwen3.5's depthwise causal convolution came out at 5.4 TFLOP of a 34.4 TFLOP step); plan_measure's counter
+    gives input and weight gradients one forward's FLOPs each, grouped or not, and agrees with torch ungrouped."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from video_grpo.bench.plan_measure import flop_counter
+
+    def flops(counter, groups: int) -> tuple[int, int]:
+        torch.manual_seed(0)
+        kind = torch.nn.ConvTranspose1d if transposed else torch.nn.Conv1d
+        conv = kind(64, 64, 4, groups=groups, padding=3)
+        x = torch.randn(2, 64, 100, requires_grad=True)
+        with FlopCounterMode(display=False) as forward:
+            out = conv(x)
+        with counter:
+            out.sum().backward()
+        return forward.get_total_flops(), counter.get_total_flops()
+
+    for groups in (1, 64):
+        forward, ours = flops(flop_counter(), groups)
+        _, stock = flops(FlopCounterMode(display=False), groups)
+        assert ours == 2 * forward > 0
+        if groups == 1:
+            assert stock == ours
+        else:
+            assert stock == (1 + groups) * forward  # what the fix is for
