@@ -101,6 +101,16 @@ def test_the_report_reads_as_documented():
         assert expected in text, (expected, text)
 
 
+def in_fresh_process(code: str, *args: str, timeout: int = 600):
+    """Run planner ``code`` in a new interpreter, as a user runs the planner (in the full suite an earlier test's
+    process state once moved a plan), and return the JSON its last line prints."""
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 HEADER = re.compile(r"^# Plan: fits (?P<gpus>[\w, -]+) with (?P<launch>configs/accelerate/\S+\.yaml)", re.M)
 
 
@@ -124,15 +134,7 @@ def test_each_gpu_recipe_fits_the_class_its_header_names(recipe, family_model):
         "plan = plan_recipe(sys.argv[1], sys.argv[2], model_config=sys.argv[3], overrides=json.loads(sys.argv[4]))\n"
         "print(json.dumps([g for g in GPUS if dataclasses.replace(plan, gpu=resolve_gpu(g, None)).fits]))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code, str(recipe), match["launch"], config, json.dumps(overrides)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    fitting = set(json.loads(result.stdout.strip().splitlines()[-1]))
+    fitting = set(in_fresh_process(code, str(recipe), match["launch"], config, json.dumps(overrides)))
     assert fitting == named, f"{recipe.name}: fits {sorted(fitting)}; its header names {sorted(named)}"
 
 
@@ -172,11 +174,7 @@ def test_the_fit_tables_in_the_docs_match_the_planner():
         recipe = recipes[name]
         launch = HEADER.search(recipe.read_text())["launch"]
         jobs.append([str(recipe), launch, model_config(recipe, None)[0]])
-    result = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(jobs)], cwd=REPO, capture_output=True, text=True, timeout=1200
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    planned = json.loads(result.stdout.strip().splitlines()[-1])
+    planned = in_fresh_process(code, json.dumps(jobs), timeout=1200)
     wrong = {
         name: {"docs": rows[name], "planner": planned[str(recipes[name])]}
         for name in rows
