@@ -20,9 +20,9 @@ from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 from video_grpo.bench.emit import emit
 from video_grpo.bench.qwen_widths import published_config
 from video_grpo.encoder import install
-from video_grpo.plan_memory import plan_memory
-from video_grpo.plan_model import read_model_shape
-from video_grpo.plan_workload import Workload
+from video_grpo.plan.memory import plan_memory
+from video_grpo.plan.model import read_model_shape
+from video_grpo.plan.workload import Workload
 
 # Qwen2.5-VL-3B-Instruct's config.json (the reference file when present, else bench.qwen_widths' literal widths).
 QWEN_3B = published_config("3b")[0]

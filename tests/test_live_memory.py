@@ -1,4 +1,4 @@
-"""What the GPU path keeps alive, observed on the CPU with a live-storage counter (``video_grpo.live_memory``).
+"""What the GPU path keeps alive, observed on the CPU with a live-storage counter (``video_grpo.plan.live_memory``).
 
 No GPU runs here, so each check counts the bytes of live tensors that a step creates: the packed mask is built
 where the model runs (not O(L²) on the host), a packed loss forward and a generation call hold each video's
@@ -19,7 +19,7 @@ from transformers import AutoModelForImageTextToText
 from video_grpo import prefill
 from video_grpo.data import build_dataset
 from video_grpo.encoder import install
-from video_grpo.live_memory import LiveBytes
+from video_grpo.plan.live_memory import LiveBytes
 from video_grpo.positions import reference_rope_index
 from video_grpo.prefix import pack_rows
 

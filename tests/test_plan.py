@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from video_grpo.plan import main, plan_recipe, suggestions
-from video_grpo.plan_workload import worst_case_video
+from video_grpo.plan.workload import worst_case_video
 
 from .conftest import REPO
 
@@ -118,7 +118,7 @@ HEADER = re.compile(r"^# Plan: fits (?P<gpus>[\w, -]+) with (?P<launch>configs/a
 def test_each_gpu_recipe_fits_the_class_its_header_names(recipe, family_model):
     """Every GPU recipe's header names the GPUs it fits (`# Plan: fits a, b with configs/accelerate/X.yaml`); the
     planner, on the published config, agrees: each named GPU fits and each GPU of the table left out does not."""
-    from video_grpo.plan_compute import GPUS
+    from video_grpo.plan.compute import GPUS
 
     match = HEADER.search(recipe.read_text())
     assert match, f"{recipe.name}: no '# Plan: fits <gpus> with configs/accelerate/<launch>.yaml' header line"
@@ -130,7 +130,7 @@ def test_each_gpu_recipe_fits_the_class_its_header_names(recipe, family_model):
     code = (
         "import dataclasses, json, sys\n"
         "from video_grpo.plan import plan_recipe, resolve_gpu\n"
-        "from video_grpo.plan_compute import GPUS\n"
+        "from video_grpo.plan.compute import GPUS\n"
         "plan = plan_recipe(sys.argv[1], sys.argv[2], model_config=sys.argv[3], overrides=json.loads(sys.argv[4]))\n"
         "print(json.dumps([g for g in GPUS if dataclasses.replace(plan, gpu=resolve_gpu(g, None)).fits]))\n"
     )
@@ -327,7 +327,7 @@ def test_counting_flops_keeps_no_recomputed_tensor_alive():
     from torch.utils.flop_counter import FlopCounterMode
 
     from video_grpo.bench.plan_measure import flop_counter
-    from video_grpo.live_memory import LiveBytes
+    from video_grpo.plan.live_memory import LiveBytes
 
     def step(counter) -> tuple[int, int]:
         torch.manual_seed(0)

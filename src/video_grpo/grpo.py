@@ -22,7 +22,7 @@ from video_grpo.configs import GRPOScriptArguments, validate_recipe
 from video_grpo.data import build_datasets
 from video_grpo.distributed import end_run, exit_process
 from video_grpo.families import family_of_model
-from video_grpo.plan import log_startup_plan
+from video_grpo.plan.startup import log_startup_plan
 from video_grpo.rewards import resolve_reward_funcs
 from video_grpo.trainer import VideoGRPOTrainer
 

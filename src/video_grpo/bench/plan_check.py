@@ -2,7 +2,7 @@
 
 Each cell of a grid is one GRPO step measured by :mod:`video_grpo.bench.plan_measure` (the project's code on fake
 weights at full width, live tensor bytes and FlopCounterMode FLOPs per phase) and planned by
-``video_grpo.plan_memory`` / ``plan_compute`` with ``device="cpu"`` (the CPU kernels it runs). Rows:
+``video_grpo.plan.memory`` / ``video_grpo.plan.compute`` with ``device="cpu"`` (the CPU kernels it runs). Rows:
 
 - ``plan_cell``: one per cell, the planned and measured peak (GB), the ratio, each phase's and each category's
   ratio, and FLOPs per phase;
@@ -27,10 +27,10 @@ from video_grpo.bench.emit import emit
 from video_grpo.bench.plan_measure import StepSetting, build_config, measure_step, plan_categories, video_grid
 from video_grpo.bench.qwen_widths import published_config
 from video_grpo.families import detect_family
-from video_grpo.plan_compute import plan_compute
-from video_grpo.plan_memory import plan_memory
-from video_grpo.plan_model import read_model_shape
-from video_grpo.plan_workload import TIME_TEXT_TOKENS, Workload
+from video_grpo.plan.compute import plan_compute
+from video_grpo.plan.memory import plan_memory
+from video_grpo.plan.model import read_model_shape
+from video_grpo.plan.workload import TIME_TEXT_TOKENS, Workload
 
 MODELS = Path(__file__).resolve().parents[3] / "configs" / "models"
 QWEN3_VL = {"4b": "qwen3_vl_4b_instruct.json", "8b": "qwen3_vl_8b_instruct.json"}

@@ -4,7 +4,7 @@ The step runs the project's own code (``prefix.pack_rows``, the model's forward 
 backward, the optimizer) on a model whose parameters and large tensors are *fake*: they carry shape, dtype and
 device but no data (``torch._subclasses.fake_tensor``). Small integer tensors (token ids, grids, positions,
 segment ids) stay real, so the data-dependent parts (window indices, rotary positions, packing) run as they
-do in training. Every storage an operator returns is counted by bytes (as :mod:`video_grpo.live_memory`), so
+do in training. Every storage an operator returns is counted by bytes (as :mod:`video_grpo.plan.live_memory`), so
 the peak of each phase is the peak of live tensor bytes a real run of the same step would hold. What is not
 modelled: the allocator's caching and fragmentation, and kernels' workspaces (the planner's headroom).
 
@@ -26,9 +26,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from video_grpo.fake_trace import HalfFake, fake_parameters
 from video_grpo.families import detect_family
-from video_grpo.plan_workload import TIME_TEXT_TOKENS
+from video_grpo.plan.fake_trace import HalfFake, fake_parameters
+from video_grpo.plan.workload import TIME_TEXT_TOKENS
 
 
 class Regions(TorchFunctionMode):

@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 
 from video_grpo.configs import DEFAULT_PROMPT
-from video_grpo.plan import GB
+from video_grpo.plan.recipe import GB
 
 PRESETS = (
     ("TimeLens-7B", "configs/grpo/timelens_qwen2_5_vl_7b.yaml", "configs/models/qwen2_5_vl_7b_instruct.json"),
@@ -39,7 +39,7 @@ VARIANTS = (
 
 
 def variant_plan(recipe: str, model_config: str, gpu: str, overrides: dict, work_changes: dict):
-    from video_grpo.plan import make_plan, plan_recipe
+    from video_grpo.plan.recipe import make_plan, plan_recipe
 
     plan = plan_recipe(recipe, LAUNCH, gpu=gpu, model_config=model_config, overrides=overrides)
     if work_changes:  # encode-once has no recipe field (it is always on); the planner's workload has one
@@ -48,8 +48,8 @@ def variant_plan(recipe: str, model_config: str, gpu: str, overrides: dict, work
 
 
 def fitting_gpus(plan) -> list[str]:
-    from video_grpo.plan import resolve_gpu
-    from video_grpo.plan_compute import GPUS
+    from video_grpo.plan.compute import GPUS
+    from video_grpo.plan.recipe import resolve_gpu
 
     return [gpu for gpu in GPUS if dataclasses.replace(plan, gpu=resolve_gpu(gpu, None)).fits]
 

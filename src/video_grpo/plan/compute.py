@@ -2,7 +2,7 @@
 
 FLOPs count what ``torch.utils.flop_counter.FlopCounterMode`` counts (matrix products, convolutions and
 attention at 2 FLOPs per multiply-add; attention over its full score matrix, as the kernels compute it): the
-linear layers' sizes come from the model itself (:mod:`video_grpo.plan_model`'s meta model), attention from the
+linear layers' sizes come from the model itself (:mod:`video_grpo.plan.model`'s meta model), attention from the
 sequence lengths. Decoding is counted per token; its time is set by the bytes it reads (weights and KV cache).
 
 Times assume efficiencies, stated in the output: a plan says which phase dominates, not a benchmark result.
@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from video_grpo.plan_model import ModelShape, meta_model
-from video_grpo.plan_workload import Workload
+from video_grpo.plan.layers import vision_chunks
+from video_grpo.plan.model import ModelShape, meta_model
+from video_grpo.plan.sizes import DTYPE_BYTES, step_sizes
+from video_grpo.plan.workload import Workload
 
 # Dense bf16 tensor FLOP/s (no sparsity), memory bandwidth and memory as sold. Sources: NVIDIA datasheets, as
 # collected in docs/planning.md.
@@ -89,8 +91,6 @@ def attention_flops(heads: int, head_dim: int, sequences: list[int], backward: b
 
 
 def vision_chunk_lengths(shape: ModelShape, grid: tuple[int, int, int], windowed: bool) -> list[int]:
-    from video_grpo.plan_layers import vision_chunks
-
     cu = vision_chunks(shape, grid, windowed).tolist()
     return [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)]
 
@@ -115,8 +115,6 @@ class ComputePlan:
 def plan_compute(shape: ModelShape, work: Workload, device: str = "cuda") -> ComputePlan:
     """FLOPs per optimizer step and phase for one GPU (its share of the step: ``gradient_accumulation``
     micro-batches and the generation batches they need)."""
-    from video_grpo.plan_memory import DTYPE_BYTES, step_sizes
-
     sizes = step_sizes(shape, work)
     lin = linear_sizes(shape)
     b = DTYPE_BYTES[work.dtype]

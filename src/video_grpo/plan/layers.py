@@ -3,9 +3,9 @@
 A layer's activation bytes depend on transformers' code (which tensors autograd keeps, what is copied to
 float32, how attention converts its mask), on the dtype and on which weights train; they change between
 versions. Instead of a table of constants, the planner runs one text layer and one vision block of the real
-config, at the step's real sizes, on fake tensors (:mod:`video_grpo.fake_trace`), and counts what they hold:
+config, at the step's real sizes, on fake tensors (:mod:`video_grpo.plan.fake_trace`), and counts what they hold:
 milliseconds of CPU, no weights, no GPU. Everything else (depth, phases, weights, optimizer states, the KV cache,
-the LM head) is composed by :mod:`video_grpo.plan_memory`.
+the LM head) is composed by :mod:`video_grpo.plan.memory`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from video_grpo.fake_trace import HalfFake, fake_parameters
-from video_grpo.live_memory import LiveBytes
-from video_grpo.plan_model import DEFAULT_LORA_TARGETS, ModelShape
+from video_grpo.plan.fake_trace import HalfFake, fake_parameters
+from video_grpo.plan.live_memory import LiveBytes
+from video_grpo.plan.model import DEFAULT_LORA_TARGETS, ModelShape, meta_model
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,6 @@ def _depth_one(shape: ModelShape, text_kind: str | None = None, full_vision_bloc
 
 
 def _model(config, dtype: torch.dtype, lora_rank: int, lora_targets: tuple[str, ...]):
-    from video_grpo.plan_model import meta_model
-
     model = meta_model(config, dtype)
     if lora_rank:
         from peft import LoraConfig, get_peft_model

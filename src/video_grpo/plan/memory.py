@@ -11,7 +11,7 @@ micro-batch, the optimizer step. Each phase reports its peak and what it is made
   ``lm activations`` (embeddings, masks, the decoder layers' saved tensors); ``logits and log-probs`` (the LM
   head's buffers, TRL's fused head on both paths).
 
-Layer activations come from :mod:`video_grpo.plan_layers` (traced at the real sizes); the rest is arithmetic here.
+Layer activations come from :mod:`video_grpo.plan.layers` (traced at the real sizes); the rest is arithmetic here.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from video_grpo.plan_layers import LayerCost, text_layer_cost, vision_block_cost, vision_tower_cost
-from video_grpo.plan_model import DEFAULT_LORA_TARGETS, ModelShape
-from video_grpo.plan_workload import Workload
+from video_grpo.plan.layers import LayerCost, text_layer_cost, vision_block_cost, vision_tower_cost
+from video_grpo.plan.model import DEFAULT_LORA_TARGETS, ModelShape
+from video_grpo.plan.sizes import DTYPE_BYTES, step_sizes
+from video_grpo.plan.workload import Workload
 
 CATEGORIES = (
     "weights",
@@ -35,7 +36,6 @@ CATEGORIES = (
 )
 PHASES = ("generation", "old_and_reference", "loss", "optimizer")
 CATEGORY_OF = {"logits": "logits and log-probs"}
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 TOKEN_TILE, VOCAB_TILE = 4096, 32768  # TRL's fused LM head: tokens x vocabulary per projection tile
 CPU_TILE_COPIES = 7  # float32 tile-sized temporaries of TRL's torch fallback (no Triton) in its backward
 PIXEL_BYTES = 4  # the processor's pixels stay float32 on every path (processing's dtype policy)
@@ -86,48 +86,6 @@ class Ledger:
     def take_phase(self) -> PhaseMemory:
         phase, self.phase = self.phase, PhaseMemory()
         return phase
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """Token and row counts of one step, derived from the workload."""
-
-    prompt: int
-    answer: int
-    patches: int  # vision patches of one video
-    grid: tuple[int, int, int]
-    loss_rows: int  # rows of the old/ref/loss forward (packed: one per prompt)
-    loss_length: int  # their length
-    loss_videos: int  # distinct videos of one micro-batch
-    scored: int  # answer tokens scored per micro-batch
-    generation_videos: int
-    generation_rows: int
-
-
-def step_sizes(shape: ModelShape, work: Workload) -> Sizes:
-    merge = shape.merge
-    per_side = max(1, round(work.frame_tokens**0.5))
-    grid = (work.temporal_patches, per_side * merge, (work.frame_tokens // per_side) * merge)
-    patches = grid[0] * grid[1] * grid[2]
-    prompts = work.prompts_per_micro_batch
-    answers = min(work.group_size, work.micro_batch_rows)  # answers of one prompt in a micro-batch
-    if work.shared_prefix:
-        rows, length = prompts, work.prompt_tokens - 1 + answers * work.completion_tokens
-    else:
-        rows, length = work.micro_batch_rows, work.prompt_tokens + work.completion_tokens
-    videos = prompts if work.encode_once else work.micro_batch_rows
-    return Sizes(
-        prompt=work.prompt_tokens,
-        answer=work.completion_tokens,
-        patches=patches,
-        grid=grid,
-        loss_rows=rows,
-        loss_length=length,
-        loss_videos=videos,
-        scored=work.micro_batch_rows * work.completion_tokens,
-        generation_videos=work.prompts_per_generation,
-        generation_rows=work.generation_rows,
-    )
 
 
 def model_states(shape: ModelShape, work: Workload) -> dict[str, int]:

@@ -1,0 +1,38 @@
+"""The planner: a recipe's memory per GPU and time per step, before renting GPUs (``python -m video_grpo.plan``).
+
+Modules, in the order a plan is made (each imports only those above it):
+
+- :mod:`~video_grpo.plan.workload`: what a recipe asks of one GPU's step (worst-case video, group, launch);
+- :mod:`~video_grpo.plan.model`: an architecture's shape and exact parameter counts, from ``config.json``;
+- :mod:`~video_grpo.plan.sizes`: the step's token and row counts;
+- :mod:`~video_grpo.plan.fake_trace`, :mod:`~video_grpo.plan.live_memory`: running model code on fake tensors,
+  and counting live tensor bytes;
+- :mod:`~video_grpo.plan.layers`: one layer's activation bytes, traced at the real sizes;
+- :mod:`~video_grpo.plan.memory`: the step walked phase by phase, bytes per category;
+- :mod:`~video_grpo.plan.compute`: FLOPs per phase, the GPU table, seconds per phase;
+- :mod:`~video_grpo.plan.recipe`: a recipe's :class:`Plan` and its verdict;
+- :mod:`~video_grpo.plan.fitting`: the changes that would make it fit;
+- :mod:`~video_grpo.plan.report`, :mod:`~video_grpo.plan.cli`: the printed report and the command;
+- :mod:`~video_grpo.plan.startup`: the one-line plan a training run logs (the trainer's only entry point).
+"""
+
+from video_grpo.plan.cli import main
+from video_grpo.plan.fitting import alternatives, suggestions
+from video_grpo.plan.recipe import GB, HEADROOM, Plan, make_plan, plan_recipe, resolve_gpu
+from video_grpo.plan.report import report
+from video_grpo.plan.startup import log_startup_plan, startup_plan
+
+__all__ = [
+    "GB",
+    "HEADROOM",
+    "Plan",
+    "alternatives",
+    "log_startup_plan",
+    "main",
+    "make_plan",
+    "plan_recipe",
+    "report",
+    "resolve_gpu",
+    "startup_plan",
+    "suggestions",
+]

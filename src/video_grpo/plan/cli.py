@@ -1,0 +1,70 @@
+"""Will it fit, and how long will it take? Plan a recipe's GPU memory and step time before renting the GPUs.
+
+    python -m video_grpo.plan --config configs/grpo/qwen2_5_vl_7b_charades.yaml \\
+        --accelerate_config configs/accelerate/zero3.yaml --gpu h100-80gb
+    python -m video_grpo.plan --config RECIPE.yaml --num_processes 8 --zero_stage 3 --gpu_memory_gb 48 --json
+
+No weights are loaded. The model's ``config.json`` comes from ``--model_config``, or from the recipe's
+``model_name_or_path`` when it is a local folder or in the Hugging Face cache (``configs/models/`` has the
+published configs of the supported models). The video is planned at the worst case the recipe allows, every answer
+at ``max_completion_length``.
+
+Memory per GPU is given by phase (generation, old-policy/reference forwards, loss forward + backward, optimizer
+step) and by category, with the peak, its phase and its largest category, and a verdict against the GPU that keeps
+:data:`HEADROOM` free. When it does not fit, the cheapest changes that would are listed with their new peak.
+Compute is given as FLOPs per phase and, for a named GPU, seconds per phase at stated efficiencies.
+``--gpu cpu`` plans one CPU process with no headroom: what the tests and benchmarks measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from video_grpo.plan.compute import GPUS
+from video_grpo.plan.fitting import suggestions
+from video_grpo.plan.recipe import GB, plan_recipe
+from video_grpo.plan.report import report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m video_grpo.plan",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", required=True, help="the recipe YAML")
+    parser.add_argument("--accelerate_config", help="the accelerate config the run launches with")
+    parser.add_argument("--num_processes", type=int, help="GPUs in all (overrides the accelerate config)")
+    parser.add_argument("--zero_stage", type=int, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage (0: none)")
+    parser.add_argument("--gpu", choices=[*GPUS, "cpu"], help="the GPU to plan for")
+    parser.add_argument(
+        "--gpu_memory_gb", type=float, help="the GPU's memory, if not a named GPU (or to override)"
+    )
+    parser.add_argument(
+        "--model_config", help="the model's config.json (or its folder), for offline planning"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON line instead of the report")
+    args = parser.parse_args(argv)
+    try:
+        plan = plan_recipe(
+            args.config,
+            args.accelerate_config,
+            args.num_processes,
+            args.zero_stage,
+            args.gpu,
+            args.gpu_memory_gb,
+            args.model_config,
+        )
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        out = plan.as_json()
+        if plan.fits is False:
+            out["suggestions"] = [{"change": c, "peak_gb": round(p / GB, 3)} for c, p in suggestions(plan)]
+        print(json.dumps(out))
+    else:
+        print(report(plan))
+    return 0
