@@ -6,7 +6,10 @@ Rules (docs/internals.md, "Package layout"):
 - a *product* module is any ``video_grpo`` module outside ``video_grpo.bench`` and ``video_grpo.toys``; it imports
   neither (a training run needs no benchmark, tiny model or generated video);
 - ``video_grpo.toys`` imports product modules only, never ``video_grpo.bench``;
-- ``video_grpo.bench.emit`` imports no ``video_grpo`` module: it is the bottom every benchmark writes through.
+- ``video_grpo.bench.emit`` imports no ``video_grpo`` module: it is the bottom every benchmark writes through;
+- a product module outside ``video_grpo.plan`` imports from the planner only ``video_grpo.plan.startup`` (the
+  start-up summary a training run logs);
+- inside ``video_grpo.plan`` each module imports only the modules before it in :data:`PLAN_LAYERS`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,24 @@ from .conftest import REPO
 
 SRC = REPO / "src"
 NON_PRODUCT = ("video_grpo.bench", "video_grpo.toys")
+PLAN = "video_grpo.plan"
+PLAN_ENTRY_POINTS = {"video_grpo.plan.startup"}  # what the trainer needs of the planner
+PLAN_LAYERS = (  # the order a plan is made in (docs/internals.md lists them so)
+    "workload",
+    "model",
+    "sizes",
+    "fake_trace",
+    "live_memory",
+    "layers",
+    "memory",
+    "compute",
+    "recipe",
+    "fitting",
+    "report",
+    "cli",
+    "startup",
+    "__main__",
+)
 
 
 def module_files() -> dict[str, Path]:
@@ -123,3 +144,27 @@ def test_toys_import_no_benchmark():
 
 def test_emit_is_at_the_bottom():
     assert import_graph()["video_grpo.bench.emit"] == set()
+
+
+def test_the_product_reaches_the_planner_only_through_its_startup_summary():
+    graph = import_graph()
+    wrong = {
+        module: sorted(t for t in targets if in_package(t, PLAN) and t not in PLAN_ENTRY_POINTS)
+        for module, targets in graph.items()
+        if is_product(module) and not in_package(module, PLAN)
+    }
+    assert not {module: targets for module, targets in wrong.items() if targets}
+    assert "video_grpo.plan.startup" in graph["video_grpo.grpo"]  # the rule's reader sees the one edge there is
+
+
+def test_the_planner_modules_import_only_earlier_stages():
+    graph = import_graph()
+    planner = {m for m in graph if in_package(m, PLAN) and m != PLAN}
+    assert planner == {f"{PLAN}.{name}" for name in PLAN_LAYERS}, "PLAN_LAYERS must list every planner module"
+    order = {f"{PLAN}.{name}": index for index, name in enumerate(PLAN_LAYERS)}
+    upward = {
+        module: sorted(t for t in graph[module] if in_package(t, PLAN) and order.get(t, -1) >= order[module])
+        for module in planner
+    }
+    assert not {module: targets for module, targets in upward.items() if targets}
+    assert not any(module.startswith("video_grpo.plan_") for module in graph)  # no flat planner modules left
