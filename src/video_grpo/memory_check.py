@@ -126,6 +126,7 @@ class PlanCheck(TrainerCallback):
         self.current: str | None = None
         self.measured: dict[str, int] = {}
         self.step: int | None = None
+        self.longest = {"prompt": 0, "answer": 0}  # tokens seen in the measured window, beside the plan's
         self.deepspeed = bool(getattr(trainer, "is_deepspeed_enabled", False))
 
     # -- installing -----------------------------------------------------------------------------------------
@@ -137,9 +138,12 @@ class PlanCheck(TrainerCallback):
         compute_loss = trainer.compute_loss
         training_step = trainer.training_step
 
-        def generate_phase(*args, **kwargs):
+        def generate_phase(prompt_ids, *args, **kwargs):
             self.begin("generation")
-            out = generate(*args, **kwargs)
+            out = generate(prompt_ids, *args, **kwargs)
+            if self.current == "generation":
+                self.longest["prompt"] = max([self.longest["prompt"], *map(len, prompt_ids)])
+                self.longest["answer"] = max([self.longest["answer"], *map(len, out[0])])
             self.end("generation")
             self.begin("old_and_reference")  # until the scored batch is returned
             return out
@@ -224,6 +228,12 @@ class PlanCheck(TrainerCallback):
             f"plan check: peak planned {peak['planned_gb']:.4g} GB ({peak['planned_phase']}), measured "
             f"{peak['measured_gb']:.4g} GB ({peak['measured_phase']}): ratio {peak['ratio']}"
         )
+        tokens = record["tokens"]
+        if tokens["prompt_seen"] > tokens["prompt_planned"]:
+            logger.warning(
+                f"plan check: the longest prompt had {tokens['prompt_seen']} tokens, the plan "
+                f"{tokens['prompt_planned']} (the planner counts the prompt's text as Qwen's tokenizer does)"
+            )
         if record["outside"]:
             logger.warning(
                 f"plan check: the plan is off by more than {TOLERANCE:.0%} in {', '.join(record['outside'])}. Please "
@@ -264,6 +274,13 @@ class PlanCheck(TrainerCallback):
             "phases": phases,
             "tolerance": TOLERANCE,
             "outside": outside,
+            "tokens": {
+                "prompt_planned": self.plan.work.prompt_tokens,
+                "prompt_seen": self.longest["prompt"],
+                "answer_planned": self.plan.work.completion_tokens,
+                "answer_seen": self.longest["answer"],
+            },
+            "planned_bytes_by_category": {phase: dict(memory.phases[phase].by_category) for phase in PHASES},
             "plan": self.plan.as_json(),
         }
 
