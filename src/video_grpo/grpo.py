@@ -108,7 +108,7 @@ def apply_auto_fit(
     if training_args.generation_batch_size != generation_batch or (
         rows * training_args.steps_per_generation != generation_batch
     ):
-        raise AssertionError(f"auto_fit changed the generation batch: {result.fields}")
+        raise RuntimeError(f"auto_fit would change the generation batch ({result.fields}); please report it")
     if training_args.process_index == 0:
         record = result.as_json()
         os.makedirs(training_args.output_dir, exist_ok=True)
