@@ -5,6 +5,8 @@ for the trainer (``video_grpo.grpo``). It also fits the run to its device (``aut
 
 from __future__ import annotations
 
+import functools
+
 from video_grpo.plan.autofit import FitResult, auto_fit
 from video_grpo.plan.model import load_model_config, read_model_shape
 from video_grpo.plan.recipe import GB, Plan, make_plan, resolve_gpu
@@ -40,6 +42,14 @@ def run_device(training_args, memory_gb: float | None = None) -> dict | None:
     return {"name": properties.name, "memory_gb": properties.total_memory / GB}
 
 
+@functools.lru_cache(maxsize=4)
+def model_of_run(name: str, revision: str | None) -> tuple:
+    """(config values, :class:`ModelShape`) of the run's model, read once per process: the planner caches its
+    layer traces per shape object, so the start-up summary, auto-fit's candidates and the plan check share them."""
+    model_values = load_model_config(name, None, revision, local_only=False)
+    return model_values, read_model_shape(model_values)
+
+
 def startup_plan(script_args, training_args, model_args, gpu: dict | None = None) -> Plan:
     """The plan of the run being started, from its parsed arguments and the launch's environment. On CUDA it is
     checked against this process's GPU, or against ``gpu`` when given (:func:`run_device`)."""
@@ -52,10 +62,7 @@ def startup_plan(script_args, training_args, model_args, gpu: dict | None = None
     values = {}
     for arguments in (training_args, model_args, script_args):
         values.update({f.name: getattr(arguments, f.name) for f in dataclasses.fields(arguments)})
-    model_values = load_model_config(
-        model_args.model_name_or_path, None, model_args.model_revision, local_only=False
-    )
-    shape = read_model_shape(model_values)
+    model_values, shape = model_of_run(model_args.model_name_or_path, model_args.model_revision)
     work = workload_from_recipe(
         values, shape.family, launch_from_environment(), stateful_text=bool(unforkable_layers(model_values))
     )
