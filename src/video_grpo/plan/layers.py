@@ -62,6 +62,8 @@ def trace(
         out = call(True)
     out = out[0] if isinstance(out, tuple) else out
     retained, forward_peak, output = forward.current, forward.peak, nbytes(out)
+    if not out.requires_grad:  # nothing in it trains and its input needs no gradient: no backward runs
+        return LayerCost(retained, forward_peak, 0, 0, nograd.peak, output)
     with LiveBytes() as backward:
         out.backward(torch.empty_like(out))
     grads = sum(nbytes(p.grad) for p in parameters if p.grad is not None)
@@ -91,7 +93,12 @@ def _model(config, dtype: torch.dtype, lora_rank: int, lora_targets: tuple[str, 
     if lora_rank:
         from peft import LoraConfig, get_peft_model
 
-        targets = list(lora_targets or DEFAULT_LORA_TARGETS)
+        names = {name.rpartition(".")[2] for name, _ in model.named_modules()}
+        targets = [t for t in (lora_targets or DEFAULT_LORA_TARGETS) if t in names]
+        if (
+            not targets
+        ):  # this layer kind has none of them (Qwen3.5's Gated DeltaNet): frozen, as PEFT leaves it
+            return model.requires_grad_(False)
         model = get_peft_model(
             model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules=targets)
         )
