@@ -1,0 +1,314 @@
+"""``decode_compile`` (video_grpo.decode): one static cache, a compiled decode step, the same tokens.
+
+Every comparison runs the compiled path and the eager path on the same rows in fp32: greedy tokens against plain
+``generate`` and against today's one-prefill path, same-seed sampled tokens, and the sampled tokens' log-probs
+against a plain forward. The compiled step's backend counts the graphs it compiled and the steps that ran through
+them, so a test fails if the switch silently decodes eagerly. The default suite traces with ``aot_eager`` (the
+same graph as inductor, seconds to build); one case compiles with inductor.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForImageTextToText, AutoProcessor, StaticCache
+
+from video_grpo import decode, prefill
+from video_grpo.decode import CompiledDecoder, DecodeSettings, decode_settings, parse_decode_compile
+from video_grpo.families import detect_family
+from video_grpo.processing import encode_rows, generation_inputs, vision_placeholder_ids
+
+from .test_shared_prefix import family_dataset
+from .test_trainer import make_trainer
+
+G = 4
+NEW_TOKENS = 8
+CHEAP = DecodeSettings(
+    "aot_eager", keep_cache=True
+)  # keep_cache: the cache's addresses as CUDA graphs need them
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test's graphs are its own: dynamo's cache (and its recompile limit) is per code object, shared by
+    every model's ``__call__``."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def load(model_dir):
+    return AutoProcessor.from_pretrained(model_dir), AutoModelForImageTextToText.from_pretrained(
+        model_dir
+    ).eval()
+
+
+def calls(processor, model, data) -> list[tuple[dict, dict]]:
+    """Three generation calls of different prompt widths, the last with G rows fewer (a partial batch): each as
+    the one-prefill path takes it (each video once) and as plain ``generate`` does (a copy per row)."""
+    durations = list(data.with_format(None)["duration"])
+    order = sorted(range(len(durations)), key=durations.__getitem__)
+    out = []
+    for prompts in ([order[0], order[-1]], [order[1], order[2]], [order[3]]):
+        rows = data.__getitems__([i for i in prompts for _ in range(G)])
+        encoded = encode_rows(processor, rows, detect_family(model.config))
+        pad, video = processor.tokenizer.pad_token_id, model.config.video_token_id
+        out.append(
+            (
+                generation_inputs(encoded, pad, video, one_copy_per_video=True),
+                generation_inputs(encoded, pad, video),
+            )
+        )
+    assert len({shared["input_ids"].shape[1] for shared, _ in out}) == 3  # three widths
+    return out
+
+
+def settings_kwargs(processor, model, **extra) -> dict:
+    return {
+        "max_new_tokens": NEW_TOKENS,
+        "pad_token_id": processor.tokenizer.pad_token_id,
+        "suppress_tokens": vision_placeholder_ids(model.config),
+        **extra,
+    }
+
+
+def sampled_logps_match_a_plain_forward(model, plain: dict, out) -> None:
+    """The log-prob of each sampled token, from the logits the compiled step gave, equals a plain forward's."""
+    width = plain["input_ids"].shape[1]
+    answers = out.sequences[:, width:]
+    logits = torch.stack(out.logits, dim=1)
+    time = {k: plain[k] for k in ("second_per_grid_ts",) if k in plain}
+    with torch.no_grad():
+        full = model(
+            input_ids=out.sequences,
+            attention_mask=torch.cat([plain["attention_mask"], torch.ones_like(answers)], dim=1),
+            pixel_values_videos=plain["pixel_values_videos"],
+            video_grid_thw=plain["video_grid_thw"],
+            mm_token_type_ids=(out.sequences == model.config.video_token_id).long() * 2,
+            **time,
+        ).logits[:, width - 1 : -1]
+    got = torch.log_softmax(logits, -1).gather(-1, answers[..., None])
+    want = torch.log_softmax(full, -1).gather(-1, answers[..., None])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+# -- the switch --------------------------------------------------------------------------------------------------
+
+
+def test_decode_compile_from_yaml_and_the_command_line(tmp_path):
+    from video_grpo.grpo import parse_args
+
+    recipe = {
+        "model_name_or_path": "m",
+        "train_file": "a.jsonl",
+        "output_dir": str(tmp_path),
+        "use_cpu": True,
+    }
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    assert parse_args(["--config", str(path)])[0].decode_compile == "auto"
+    path.write_text(yaml.safe_dump({**recipe, "decode_compile": True, "decode_compile_backend": "aot_eager"}))
+    script = parse_args(["--config", str(path)])[0]
+    assert (script.decode_compile, script.decode_compile_backend) == ("true", "aot_eager")
+    assert parse_args(["--config", str(path), "--decode_compile", "false"])[0].decode_compile == "false"
+    with pytest.raises(ValueError, match="GRPOScriptArguments.decode_compile: 'maybe' is not one of auto"):
+        parse_args(["--config", str(path), "--decode_compile", "maybe"])
+    with pytest.raises(ValueError, match="decode_compile_backend"):
+        parse_args(["--config", str(path), "--decode_compile_backend", "cudagraphs"])
+    assert [parse_decode_compile(v) for v in (True, "False", "AUTO", "1")] == [
+        "true",
+        "false",
+        "auto",
+        "true",
+    ]
+
+
+@pytest.mark.parametrize("tool", ["evaluate", "curate"])
+def test_evaluate_and_curate_take_the_switch(tool, capsys):
+    import importlib
+
+    main = importlib.import_module(f"video_grpo.{tool}").main
+    with pytest.raises(SystemExit):
+        main((["run"] if tool == "evaluate" else []) + ["--help"])
+    shown = capsys.readouterr().out
+    assert "--decode_compile DECODE_COMPILE" in shown and "--decode_compile_backend" in shown
+
+
+def test_cuda_graphs_only_where_every_address_stays():
+    """CUDA graphs bake in addresses: never under ZeRO-3 with ds3_gather_for_generation (the gathered weights
+    move, see tests/test_zero3_bf16.py), never off CUDA or off inductor."""
+    assert decode_settings("inductor", "cuda")[0] == DecodeSettings("inductor", cuda_graphs=True)
+    assert decode_settings("inductor", "cuda", zero_stage=2)[0].cuda_graphs
+    settings, why = decode_settings("inductor", "cuda", zero_stage=3, gather_for_generation=True)
+    assert not settings.cuda_graphs and not settings.persistent and "ZeRO-3" in why
+    assert not decode_settings("inductor", "cpu")[0].cuda_graphs
+    assert not decode_settings("aot_eager", "cuda")[0].cuda_graphs
+    assert DecodeSettings(
+        "inductor", cuda_graphs=True
+    ).persistent  # the cache keeps its addresses for the run
+
+
+def test_select_cache_rows_refuses_a_static_layer(tiny_model_dir):
+    """It used to skip a StaticLayer silently; decoding then failed far away, in index_copy_."""
+    from transformers import AutoConfig
+
+    cache = StaticCache(config=AutoConfig.from_pretrained(tiny_model_dir), max_cache_len=8)
+    cache.layers[0].lazy_initialization(torch.zeros(2, 1, 3, 4), torch.zeros(2, 1, 3, 4))
+    with pytest.raises(TypeError, match="cannot select rows of cache layer 0 .StaticLayer"):
+        prefill.select_cache_rows(cache, torch.tensor([0, 0]))
+
+
+# -- exactness ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
+def test_compiled_decoding_is_exact(family, family_model, train_file):
+    """Three calls of different widths (the last a partial batch) through one graph: greedy tokens equal plain
+    ``generate``'s and the one-prefill path's; the cache never moves; same-seed sampled tokens are equal, and their
+    log-probs are a plain forward's."""
+    processor, model = load(family_model(family))
+    data = family_dataset(train_file, family)
+    kwargs = settings_kwargs(processor, model, do_sample=False)
+    decoder = CompiledDecoder(rows=2 * G, settings=CHEAP)
+    pointers, steps = None, 0
+    first, *_ = batches = calls(processor, model, data)
+    for number, (inputs, plain_form) in enumerate(batches):
+        compiled = prefill.generate(model, **inputs, **kwargs, decoder=decoder)
+        assert torch.equal(compiled, model.generate(**plain_form, **kwargs)), f"call {number}"
+        if number == 0:  # today's path (equal to plain generate: tests/test_shared_prefix_generation.py)
+            assert torch.equal(compiled, prefill.generate(model, **inputs, **kwargs))
+        assert decoder.last_call_compiled and decoder.stats.graphs == 1, (
+            decoder.stats
+        )  # no recompile after the first
+        steps += (
+            compiled.shape[1] - inputs["input_ids"].shape[1] - 1
+        )  # the first token comes from the prefill's step
+        assert decoder.stats.compiled_steps == steps, decoder.stats
+        pointers = pointers or decoder.data_pointers()
+        assert decoder.data_pointers() == pointers
+    assert decoder.stats.recompiles == 0 and decoder.rows == 2 * G
+    sample = settings_kwargs(
+        processor, model, do_sample=True, output_logits=True, return_dict_in_generate=True
+    )
+    full, partial = first, (inputs, plain_form)
+    for inputs, _ in (full, partial):  # a sampled partial batch is not padded: one more graph
+        torch.manual_seed(0)
+        eager = prefill.generate(model, **inputs, **sample)
+        torch.manual_seed(0)
+        compiled = prefill.generate(model, **inputs, **sample, decoder=decoder)
+        assert torch.equal(compiled.sequences, eager.sequences)
+        assert len({tuple(row.tolist()) for row in compiled.sequences}) > 2  # really sampled, not copies
+    sampled_logps_match_a_plain_forward(model, partial[1], compiled)
+    assert (
+        decoder.stats.graphs == 2 and decoder.data_pointers() == pointers
+    )  # its rows are views of the cache
+
+
+def test_inductor_step_is_exact_and_the_cache_is_freed_without_cuda_graphs(tiny_model_dir, train_file):
+    """The one inductor case (its C++ kernels take about 30 s to build): the same greedy tokens. Without CUDA
+    graphs the cache is freed after each call, and a new allocation does not recompile."""
+    processor, model = load(tiny_model_dir)
+    kwargs = settings_kwargs(processor, model, do_sample=False)
+    decoder = CompiledDecoder(rows=2 * G, settings=DecodeSettings("inductor"))
+    first, _, partial = calls(processor, model, family_dataset(train_file, "qwen2_5_vl"))
+    for inputs, _ in (first, partial):
+        compiled = prefill.generate(model, **inputs, **kwargs, decoder=decoder)
+        assert torch.equal(compiled, prefill.generate(model, **inputs, **kwargs))
+        assert decoder.cache is None and decoder.last_call_compiled
+    assert decoder.stats.graphs == 1 and decoder.stats.compiled_steps > 0
+
+
+def test_a_failing_compile_falls_back_loudly(tiny_model_dir, train_file, monkeypatch, caplog):
+    processor, model = load(tiny_model_dir)
+    kwargs = settings_kwargs(processor, model, do_sample=False)
+    inputs = calls(processor, model, family_dataset(train_file, "qwen2_5_vl"))[0][0]
+
+    def broken(settings, graph, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(decode, "_compile_graph", broken)
+    decoder = CompiledDecoder(rows=2 * G, settings=DecodeSettings("eager"))
+    with caplog.at_level(logging.WARNING, logger="video_grpo.decode"):
+        output = prefill.generate(model, **inputs, **kwargs, decoder=decoder)
+    assert torch.equal(output, prefill.generate(model, **inputs, **kwargs))
+    assert not decoder.enabled and not decoder.last_call_compiled and decoder.stats.fallbacks == 1
+    assert "the compiled decode step failed (BackendCompilerFailed" in caplog.text
+    assert "no compiler here" in caplog.text
+
+
+def test_evaluation_decodes_through_the_step(tiny_model_dir, train_file):
+    """``evaluate run`` / ``curate``'s generate_answers: the same greedy answers with the decoder, shared prefill
+    on and off."""
+    from video_grpo.evaluate import generate_answers
+
+    processor, model = load(tiny_model_dir)
+    rows = family_dataset(train_file, "qwen2_5_vl").__getitems__([1, 1, 2, 2])
+    decoder = CompiledDecoder(rows=4, settings=CHEAP)
+    eager = generate_answers(model, processor, rows, max_new_tokens=6)
+    for shared in (True, False):
+        assert generate_answers(model, processor, rows, 6, shared_prefill=shared, decoder=decoder) == eager
+        assert decoder.last_call_compiled
+    assert decoder.stats.graphs == 1
+
+
+# -- training ----------------------------------------------------------------------------------------------------
+
+
+class RecordingTrainer:
+    """Wraps a trainer's ``_generate_single_turn`` to keep the completions it returned."""
+
+    def __init__(self, trainer) -> None:
+        self.completions: list[list[int]] = []
+        original = trainer._generate_single_turn
+
+        def record(*args, **kwargs):
+            completion_ids, logprobs = original(*args, **kwargs)
+            self.completions += [list(ids) for ids in completion_ids]
+            return completion_ids, logprobs
+
+        trainer._generate_single_turn = record
+
+
+CASES = {
+    "qwen2_5_vl": {},
+    "qwen2_5_vl-shared_prefix_off": {"trainer_kwargs": {"shared_prefix": False}},
+    "qwen3_vl-frozen_tower-beta": {"trainer_kwargs": {"freeze_vision_tower": True}, "beta": 0.04},
+    "qwen3_5-lora": {"peft": True},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_one_training_step_decodes_through_the_compiled_step(case, family_model, train_file, tmp_path):
+    """The issue's done-when: with decode_compile true, one CPU training step of each family decodes through the
+    compiled step (decode/compiled 1), and its completions equal decode_compile false's, token for token."""
+    from peft import LoraConfig
+
+    family = case.split("-")[0]
+    spec = dict(CASES[case])
+    peft = spec.pop("peft", False)
+    data = family_dataset(train_file, family)
+    runs = {}
+    for value in ("true", "false"):
+        options = dict(spec)
+        options["trainer_kwargs"] = {
+            **spec.get("trainer_kwargs", {}),
+            "decode_compile": value,
+            "decode_compile_backend": "aot_eager",
+        }
+        if peft:
+            options["trainer_kwargs"]["peft_config"] = LoraConfig(
+                r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0
+            )
+        trainer = make_trainer(family_model(family), data, tmp_path / value, **options)
+        recorder = RecordingTrainer(trainer)
+        trainer.train()
+        logged = [entry for entry in trainer.state.log_history if "decode/compiled" in entry]
+        runs[value] = (recorder.completions, logged, trainer)
+    completions, logged, trainer = runs["true"]
+    assert completions and completions == runs["false"][0]
+    assert logged and logged[0]["decode/compiled"] == 1.0 and logged[0]["decode/recompiles"] == 0.0, logged
+    assert trainer.decoder.stats.compiled_steps > 0 and trainer.decoder.stats.graphs == 1
+    assert runs["false"][1][0]["decode/compiled"] == 0.0 and runs["false"][2].decoder is None
