@@ -75,11 +75,13 @@ def decode_compile_on(value: str, device: torch.device | str) -> bool:
 class DecodeSettings:
     """How the step is compiled. ``cuda_graphs``: replay the step as one CUDA graph (inductor on CUDA only);
     ``keep_cache``: the static cache stays allocated between calls (needed with CUDA graphs; default: as
-    ``cuda_graphs``)."""
+    ``cuda_graphs``); ``fullgraph``: the step must be one graph (False under ZeRO-3: DeepSpeed leaves a pre-forward
+    hook on the model during generation that dynamo will not trace; it then runs eagerly before the graph)."""
 
     backend: str = "inductor"
     cuda_graphs: bool = False
     keep_cache: bool | None = None
+    fullgraph: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -102,14 +104,17 @@ def decode_settings(
     allocates each step (measured on the CPU twin: ``tests/launch_probe.py``); there the step is compiled without
     CUDA graphs, which keeps the kernel fusion and drops only the one-launch replay."""
     on_cuda = torch.device(device).type == "cuda"
+    fullgraph = zero_stage != 3
     if not on_cuda or backend != "inductor":
         why = "not on CUDA" if not on_cuda else f"backend {backend}"
-        return DecodeSettings(backend, cuda_graphs=False), f"compiled ({backend}) without CUDA graphs: {why}"
+        return DecodeSettings(
+            backend, False, fullgraph=fullgraph
+        ), f"compiled ({backend}) without CUDA graphs: {why}"
     if zero_stage == 3 and gather_for_generation:
-        return DecodeSettings(backend, cuda_graphs=False), (
+        return DecodeSettings(backend, False, fullgraph=fullgraph), (
             "compiled (inductor) without CUDA graphs: ZeRO-3 gathers the weights into new buffers each step"
         )
-    return DecodeSettings(backend, cuda_graphs=True), "compiled (inductor) with CUDA graphs"
+    return DecodeSettings(backend, True, fullgraph=fullgraph), "compiled (inductor) with CUDA graphs"
 
 
 @dataclass
@@ -179,11 +184,16 @@ class CompiledDecoder:
         self.settings = settings or DecodeSettings()
         self.stats = DecodeStats()
         self.cache = None  # the static cache of ``rows`` rows
-        self._views: dict[int, Any] = {}  # fewer rows: caches whose tensors are leading-row views of ``cache``
+        self._views: dict[
+            int, Any
+        ] = {}  # fewer rows: caches whose tensors are leading-row views of ``cache``
         self.enabled = True
         self.last_call_compiled = False
         self.compile_config = CompileConfig(
-            fullgraph=True, dynamic=False, backend=_counting_backend(self.settings, self.stats), mode=None
+            fullgraph=self.settings.fullgraph,
+            dynamic=False,
+            backend=_counting_backend(self.settings, self.stats),
+            mode=None,
         )
         self.compile_config._compile_all_devices = True  # transformers compiles on CUDA only unless told
 
@@ -424,7 +434,9 @@ def _row_view(cache, rows: int):
             tensors = [part.keys, part.values, part.cumulative_length]
         else:
             part.conv_states = {i: s if s is None else s[:rows] for i, s in layer.conv_states.items()}
-            part.recurrent_states = {i: s if s is None else s[:rows] for i, s in layer.recurrent_states.items()}
+            part.recurrent_states = {
+                i: s if s is None else s[:rows] for i, s in layer.recurrent_states.items()
+            }
             part.has_previous_state = dict(layer.has_previous_state)
             tensors = [*part.conv_states.values(), *part.recurrent_states.values()]
         for tensor in tensors:
