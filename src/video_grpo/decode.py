@@ -200,7 +200,8 @@ class CompiledDecoder:
     # -- the cache ------------------------------------------------------------------------------------------
 
     def _allocate(self, model, prefill_cache) -> None:
-        """A fresh static cache (rows, heads, max_cache_len, head_dim) shaped from the prefill's layers."""
+        """A fresh static cache (rows, heads, max_cache_len, head_dim); its layers get their tensors in
+        :meth:`fill`, one at a time, as the prefill's layers are freed (the two never coexist whole)."""
         from transformers import StaticCache
 
         cache = StaticCache(config=model.config, max_cache_len=self.max_cache_len)
@@ -209,8 +210,6 @@ class CompiledDecoder:
                 f"decode_compile: the static cache has {len(cache.layers)} layers, the prefill's "
                 f"{len(prefill_cache.layers)}"
             )
-        for static, dynamic in zip(cache.layers, prefill_cache.layers, strict=True):
-            _init_layer(static, dynamic, self.rows)
         self.cache, self._views = cache, {self.rows: cache}
 
     def cache_for(self, rows: int):
@@ -251,8 +250,13 @@ class CompiledDecoder:
             self.max_cache_len = max(self.max_cache_len or 0, _round_up(need, CACHE_LEN_MULTIPLE))
         if self.cache is None:
             self._allocate(model, prefill_cache)
+            if rows < self.rows:  # the views need every layer's tensors first
+                for static, dynamic in zip(self.cache.layers, prefill_cache.layers, strict=True):
+                    _init_layer(static, dynamic, self.rows)
         cache = self.cache_for(rows)
-        for static, dynamic in zip(cache.layers, prefill_cache.layers, strict=True):
+        for static, whole, dynamic in zip(cache.layers, self.cache.layers, prefill_cache.layers, strict=True):
+            if not _initialized(whole):
+                _init_layer(whole, dynamic, self.rows)
             _fill_layer(static, dynamic, index, width - 1)
         return cache
 
@@ -391,6 +395,14 @@ def _kind(layer) -> str:
     if type(layer) is LinearAttentionLayer:
         return "linear"
     return type(layer).__name__
+
+
+def _initialized(layer) -> bool:
+    if _kind(layer) == "attention":
+        return layer.is_initialized
+    return any(layer.is_conv_states_initialized.values()) or any(
+        layer.is_recurrent_states_initialized.values()
+    )
 
 
 def _init_layer(static, dynamic, rows: int) -> None:
