@@ -140,6 +140,14 @@ class GRPOScriptArguments:
             "or aot_eager / eager (the same graph without code generation: seconds to build, for tests)."
         },
     )
+    decode_cuda_graphs: bool = field(
+        default=False,
+        metadata={
+            "help": "With decode_compile: replay the compiled step as one CUDA graph (inductor on CUDA; not under "
+            "ZeRO-3, whose gathered weights move). The static cache then stays allocated all step, which the "
+            "planner counts: rows x (longest prompt + answer) x KV bytes per token."
+        },
+    )
     frame_cache_dir: str | None = field(
         default=None,
         metadata={

@@ -22,11 +22,12 @@ with evaluation compiles two; anything else is a recompile, counted in ``decode/
 (a prompt longer than the recipe's worst case) or a call with more rows than planned is reallocated: one recompile,
 with a warning.
 
-CUDA graphs (``cuda_graphs``) replay the whole step as one launch; they bake in the addresses of the weights and
-the cache. The cache keeps its addresses by construction (``keep_cache``, on whenever CUDA graphs are: the cache
-then stays allocated for the run, which the planner counts). Under ZeRO-3 with ``ds3_gather_for_generation`` the
-weights are gathered into new buffers every step, so there the step is compiled without CUDA graphs (see
-:func:`decode_settings`); without CUDA graphs the cache is allocated per call and freed after it.
+CUDA graphs (``decode_cuda_graphs``, off by default) replay the whole step as one launch; they bake in the
+addresses of the weights and the cache. The cache keeps its addresses by construction (``keep_cache``, on
+whenever CUDA graphs are: the cache then stays allocated for the run, which the planner counts). Under ZeRO-3 with
+``ds3_gather_for_generation`` the weights are gathered into new buffers every step, so there the step is compiled
+without CUDA graphs (see :func:`decode_settings`). Without CUDA graphs the cache is allocated per call and freed
+after it: the memory a plan shows for eager decoding, within a few percent.
 
 Exactness: the step computes what the eager step computes (``tests/test_decode_compile.py``: the same greedy and
 same-seed sampled tokens in every family, fp32). In bf16 on a GPU a fused kernel may round differently, which can
@@ -95,24 +96,33 @@ class DecodeSettings:
 
 
 def decode_settings(
-    backend: str, device: torch.device | str, zero_stage: int = 0, gather_for_generation: bool = True
+    backend: str,
+    device: torch.device | str,
+    zero_stage: int = 0,
+    gather_for_generation: bool = True,
+    cuda_graphs: bool = False,
 ) -> tuple[DecodeSettings, str]:
-    """The settings for a run, and why, in one line for the log.
+    """The settings for a run, and why, in one line for the log. ``cuda_graphs``: asked for
+    (``decode_cuda_graphs``); granted on CUDA with inductor, except under ZeRO-3.
 
-    CUDA graphs need every address the step reads to stay fixed. The cache's do (:class:`CompiledDecoder`); the
-    weights' do too, except under ZeRO-3, where ``ds3_gather_for_generation`` gathers them into buffers DeepSpeed
-    allocates each step (measured on the CPU twin: ``tests/launch_probe.py``); there the step is compiled without
-    CUDA graphs, which keeps the kernel fusion and drops only the one-launch replay."""
+    CUDA graphs need every address the step reads to stay fixed. The cache's do, because it then stays allocated
+    for the run (:class:`CompiledDecoder`), which costs its bytes at every phase of the step: rows x the longest
+    prompt and answer x KV bytes per token, 20 GB per GPU for the TimeLens-8B preset; so they are asked for, not
+    default. The weights' addresses stay fixed too, except under ZeRO-3, where ``ds3_gather_for_generation``
+    gathers them into buffers allocated anew each step (measured on the CPU twin: ``tests/test_zero3_bf16.py``):
+    there the step is compiled without CUDA graphs, which keeps the kernel fusion and drops the one-launch replay."""
     on_cuda = torch.device(device).type == "cuda"
     fullgraph = zero_stage != 3
+    plain = DecodeSettings(backend, False, fullgraph=fullgraph)
+    if not cuda_graphs:
+        return plain, f"compiled ({backend}), without CUDA graphs (decode_cuda_graphs: false)"
     if not on_cuda or backend != "inductor":
-        why = "not on CUDA" if not on_cuda else f"backend {backend}"
-        return DecodeSettings(
-            backend, False, fullgraph=fullgraph
-        ), f"compiled ({backend}) without CUDA graphs: {why}"
+        why = "not on CUDA" if not on_cuda else f"they need the inductor backend, not {backend}"
+        return plain, f"compiled ({backend}) without the CUDA graphs asked for: {why}"
     if zero_stage == 3 and gather_for_generation:
-        return DecodeSettings(backend, False, fullgraph=fullgraph), (
-            "compiled (inductor) without CUDA graphs: ZeRO-3 gathers the weights into new buffers each step"
+        return plain, (
+            "compiled (inductor) without the CUDA graphs asked for: ZeRO-3 gathers the weights into new "
+            "buffers each step"
         )
     return DecodeSettings(backend, True, fullgraph=fullgraph), "compiled (inductor) with CUDA graphs"
 
@@ -345,6 +355,12 @@ def add_decode_arguments(parser) -> None:
         default="inductor",
         help="torch.compile backend of the decode step (aot_eager/eager: no code generation, for tests)",
     )
+    parser.add_argument(
+        "--decode_cuda_graphs",
+        type=lambda v: parse_decode_compile(v, "--decode_cuda_graphs") == "true",
+        default=False,
+        help="replay the compiled step as one CUDA graph (true/false; keeps the static cache allocated)",
+    )
 
 
 def evaluation_decoder(args, device, rows: int, cache_tokens: int | None) -> CompiledDecoder | None:
@@ -353,7 +369,11 @@ def evaluation_decoder(args, device, rows: int, cache_tokens: int | None) -> Com
     value = parse_decode_compile(getattr(args, "decode_compile", "false"))
     if not decode_compile_on(value, device):
         return None
-    settings, why = decode_settings(getattr(args, "decode_compile_backend", "inductor"), device)
+    settings, why = decode_settings(
+        getattr(args, "decode_compile_backend", "inductor"),
+        device,
+        cuda_graphs=getattr(args, "decode_cuda_graphs", False),
+    )
     logger.warning(
         f"decode_compile: {why}; static cache of {rows} rows x {cache_tokens or 'the first call'} positions"
     )

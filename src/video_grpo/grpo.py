@@ -124,6 +124,7 @@ def build_trainer(
         train_vision_merger=script_args.train_vision_merger,
         decode_compile=script_args.decode_compile,
         decode_compile_backend=script_args.decode_compile_backend,
+        decode_cuda_graphs=script_args.decode_cuda_graphs,
         decode_cache_tokens=recipe_decode_cache_tokens(script_args, training_args, model_args),
     )
 

@@ -106,6 +106,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         train_vision_merger: bool = False,
         decode_compile: str | bool = "auto",
         decode_compile_backend: str = "inductor",
+        decode_cuda_graphs: bool = False,
         decode_cache_tokens: int | None = None,
         **kwargs,
     ) -> None:
@@ -126,7 +127,8 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         frame_timestamps_in_text: Qwen2.5-VL prompts carry each temporal patch's time as text (TimeLens-7B;
             ``video_grpo.families``), in generation, every forward and the grounding evaluation.
         decode_compile, decode_compile_backend: decode from one static cache with a compiled step
-            (``video_grpo.decode``): "auto" on CUDA, "true" everywhere, "false" eagerly. decode_cache_tokens: the
+            (``video_grpo.decode``): "auto" on CUDA, "true" everywhere, "false" eagerly. decode_cuda_graphs: replay
+            it as a CUDA graph where that is safe (the cache then stays allocated). decode_cache_tokens: the
             static cache's length, the longest prompt the recipe allows + max_completion_length (None: from the
             first generation call).
         """
@@ -172,7 +174,9 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         # One prefill per prompt in generate: exact with any attention backend, and with sequence-state layers
         # whose state the prefill's cache copies (video_grpo.prefill)
         self.shared_prefill = shared_prefix is not False and not unforkable_layers(base.config)
-        self.decoder = self._compiled_decoder(decode_compile, decode_compile_backend, decode_cache_tokens)
+        self.decoder = self._compiled_decoder(
+            decode_compile, decode_compile_backend, decode_cuda_graphs, decode_cache_tokens
+        )
         self._fork_state = forkable_state(base.config)  # packed forwards fork Gated DeltaNet states
         self._language_model = base.model  # its get_rope_index lays out the packed rows' positions
         self._eager_attention = getattr(base.config, "_attn_implementation", None) == "eager"
@@ -188,7 +192,9 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         self.generation_config.suppress_tokens = suppressed
         self._video_rows: dict[str, Any] | None = None  # video inputs aligned with the rows being forwarded
 
-    def _compiled_decoder(self, value, backend: str, cache_tokens: int | None) -> CompiledDecoder | None:
+    def _compiled_decoder(
+        self, value, backend: str, cuda_graphs: bool, cache_tokens: int | None
+    ) -> CompiledDecoder | None:
         """The generation calls' static cache and compiled step (``video_grpo.decode``), or None to decode eagerly.
 
         Rows: a training generation call's (micro-batch x steps_per_generation), or an evaluation batch's if that
@@ -211,7 +217,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
                 )
             logger.warning(f"decode_compile is off: {message}.")
             return None
-        settings, why = decode_settings(backend, device, zero_stage, gather)
+        settings, why = decode_settings(backend, device, zero_stage, gather, cuda_graphs)
         rows = self.args.per_device_train_batch_size * self.args.steps_per_generation
         if self.args.eval_strategy != "no":
             rows = max(rows, self.args.per_device_eval_batch_size)

@@ -68,6 +68,7 @@ class Workload:
     gather_for_generation: bool = True  # TRL's ds3_gather_for_generation
     decode_compile: str = "auto"  # the recipe's decode_compile (auto: compiled on CUDA); see decode_path
     decode_backend: str = "inductor"  # its decode_compile_backend
+    decode_cuda_graphs: bool = False  # its decode_cuda_graphs
     sources: dict = field(default_factory=dict, compare=False)  # where each number came from, for the report
 
     @property
@@ -98,14 +99,17 @@ def decode_path(work: Workload, device: str = "cuda") -> str:
     """How this run decodes on ``device``, as the trainer decides (:func:`video_grpo.decode.decode_settings`):
     ``eager`` (a dynamic cache, a kernel launch per op), ``compiled`` (the static cache and fused kernels, allocated
     per generation call; under ZeRO-3 with ds3_gather_for_generation, whose gathered weights move) or
-    ``compiled_cuda_graphs`` (the step replayed as one graph; the static cache stays allocated all step)."""
+    ``compiled_cuda_graphs`` (``decode_cuda_graphs``: the step replayed as one graph; the static cache stays
+    allocated all step)."""
     from video_grpo.decode import decode_compile_on, decode_settings
 
     if not decode_compile_on(work.decode_compile, device):
         return "eager"
     if work.zero_stage == 3 and not work.gather_for_generation:
         return "eager"  # the trainer turns decode_compile off (auto) or refuses it (true) here
-    settings, _ = decode_settings(work.decode_backend, device, work.zero_stage, work.gather_for_generation)
+    settings, _ = decode_settings(
+        work.decode_backend, device, work.zero_stage, work.gather_for_generation, work.decode_cuda_graphs
+    )
     return "compiled_cuda_graphs" if settings.cuda_graphs else "compiled"
 
 
@@ -244,4 +248,5 @@ def workload_from_recipe(
         gather_for_generation=bool(recipe.get("ds3_gather_for_generation", True)),
         decode_compile=parse_decode_compile(recipe.get("decode_compile", "auto")),
         decode_backend=recipe.get("decode_compile_backend") or "inductor",
+        decode_cuda_graphs=bool(recipe.get("decode_cuda_graphs")),
     )
