@@ -26,9 +26,8 @@ from .test_trainer import make_trainer
 
 G = 4
 NEW_TOKENS = 8
-CHEAP = DecodeSettings(
-    "aot_eager", keep_cache=True
-)  # keep_cache: the cache's addresses as CUDA graphs need them
+# keep_cache: the cache keeps its addresses, as CUDA graphs need
+CHEAP = DecodeSettings("aot_eager", keep_cache=True)
 
 
 @pytest.fixture(autouse=True)

@@ -5,21 +5,25 @@ the launches, not the bytes read, set the step time. :class:`CompiledDecoder` ke
 run at a fixed shape:
 
 1. **One static cache**, sized once: ``rows`` (every row of one generation call) x ``max_cache_len`` (the longest
-   prompt the recipe's video budget allows + ``max_completion_length``). A call with fewer rows is padded to
-   ``rows`` with copies of its last row, whose answers are dropped, so the row count never changes the graph; the
-   attention mask spans the whole cache, so neither does the prompt's width.
+   prompt the recipe's video budget allows + ``max_completion_length``). The attention mask spans the whole cache,
+   so the prompt's width never changes the graph. A greedy call with fewer rows is padded with copies of its last
+   row, whose answers are dropped; a sampled one decodes on the cache's first rows (views: padding rows would draw
+   from the random generator and change every later token).
 2. **Filled in place** after :func:`video_grpo.prefill.generate`'s one prefill per prompt: each row's keys and
    values (and Qwen3.5's Gated DeltaNet convolution and recurrent states) are copied from the prefill's
-   ``DynamicCache`` into the static tensors (``copy_``), so their data pointers stay fixed from call to call.
+   ``DynamicCache`` into the static tensors (``copy_``), layer by layer, each prefill layer freed once copied; a
+   kept cache's data pointers stay fixed from call to call.
 3. **Decoded by a compiled forward**: transformers' own ``generate`` loop (its sampling, logits processors and
    stopping) with ``disable_compile=False`` (TRL sets it True) and a ``CompileConfig`` whose backend counts
    graphs compiled and steps run through them (:class:`DecodeStats`), so a silent fall back to eager is visible.
    Positions (``rope_deltas``) and the 4-D mask are computed outside the graph by ``generate``: the step sees
-   ``input_ids (rows, 1)``, position ids, ``mm_token_type_ids``, the mask and the cache, in one graph.
+   ``input_ids (rows, 1)``, position ids, ``mm_token_type_ids``, the mask and the cache, in one graph. Within one
+   call, only the first step checks every dynamo guard (:meth:`CompiledDecoder._step`).
 
-Graphs: one per model mode (training generation runs the model in train mode, evaluation in eval mode), so a run
-with evaluation compiles two; anything else is a recompile, counted in ``decode/recompiles``. A cache that must grow
-(a prompt longer than the recipe's worst case) or a call with more rows than planned is reallocated: one recompile,
+Graphs: one per model mode (training generation runs the model in train mode, evaluation in eval mode) and per
+row count of a sampled call (training samples one count: TRL yields whole generation batches only); so a run with
+evaluation compiles 2-3. Anything beyond the first is counted in ``decode/recompiles``. A cache that must grow (a
+prompt longer than the recipe's worst case) or a call with more rows than planned is reallocated: one recompile,
 with a warning.
 
 CUDA graphs (``decode_cuda_graphs``, off by default) replay the whole step as one launch; they bake in the
@@ -167,9 +171,7 @@ def _counting_backend(settings: DecodeSettings, stats: DecodeStats):
             stats.compiled_steps += 1
             return compiled(*args, **kwargs)
 
-        if hasattr(
-            compiled, "_boxed_call"
-        ):  # how the caller hands over the inputs: keep it as the backend said
+        if hasattr(compiled, "_boxed_call"):  # how the caller hands over the inputs, as the backend said
             run._boxed_call = compiled._boxed_call
         return run
 
@@ -195,9 +197,7 @@ class CompiledDecoder:
         self.settings = settings or DecodeSettings()
         self.stats = DecodeStats()
         self.cache = None  # the static cache of ``rows`` rows
-        self._views: dict[
-            int, Any
-        ] = {}  # fewer rows: caches whose tensors are leading-row views of ``cache``
+        self._views: dict[int, Any] = {}  # fewer rows: caches whose tensors are the first rows of ``cache``
         self.enabled = True
         self.last_call_compiled = False
         self._compiled = None  # (model, its torch.compile'd __call__)
