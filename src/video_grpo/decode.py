@@ -402,9 +402,9 @@ def add_decode_arguments(parser) -> None:
     )
 
 
-def evaluation_decoder(args, device, rows: int, cache_tokens: int | None) -> CompiledDecoder | None:
+def evaluation_decoder(args, device, rows: int) -> CompiledDecoder | None:
     """The decoder of ``evaluate run`` / ``curate`` (``args.decode_compile``), or None to decode eagerly: ``rows``
-    answers per generate call, a cache of ``cache_tokens`` positions (None: sized at the first call)."""
+    answers per generate call; its cache length is set by the caller from the recipe (else: the first call's)."""
     value = parse_decode_compile(getattr(args, "decode_compile", "false"))
     if not decode_compile_on(value, device):
         return None
@@ -413,10 +413,8 @@ def evaluation_decoder(args, device, rows: int, cache_tokens: int | None) -> Com
         device,
         cuda_graphs=getattr(args, "decode_cuda_graphs", False),
     )
-    logger.warning(
-        f"decode_compile: {why}; static cache of {rows} rows x {cache_tokens or 'the first call'} positions"
-    )
-    return CompiledDecoder(rows, cache_tokens, settings)
+    logger.warning(f"decode_compile: {why}; a static cache of {rows} rows")
+    return CompiledDecoder(rows, None, settings)
 
 
 def _round_up(value: int, multiple: int) -> int:

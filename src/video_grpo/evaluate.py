@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -248,15 +249,22 @@ def generate_parts(
         .to(state.device)
         .eval()
     )
-    text_timestamps, cache_tokens = False, None
+    text_timestamps, script_args = False, None
     if getattr(args, "config", None):
         from video_grpo.configs import script_args_from_yaml
-        from video_grpo.plan.startup import decode_cache_tokens
 
         script_args = script_args_from_yaml(args.config)
         text_timestamps = script_args.frame_timestamps_in_text
-        cache_tokens = decode_cache_tokens(script_args, args.model_name_or_path, args.max_new_tokens)
-    decoder = evaluation_decoder(args, state.device, args.batch_size, cache_tokens)
+    decoder = evaluation_decoder(args, state.device, args.batch_size)
+    if decoder is not None and script_args is not None:  # the cache as long as the recipe's longest prompt
+        from video_grpo.plan.startup import decode_cache_tokens
+
+        try:
+            decoder.max_cache_len = decode_cache_tokens(
+                script_args, args.model_name_or_path, args.max_new_tokens
+            )
+        except Exception as err:  # noqa: BLE001 (sized at the first call instead)
+            print(f"decode_compile: could not size the static cache from the recipe ({err})", file=sys.stderr)
     unit = "answer" if num_samples > 1 else "query"
     progress = tqdm(
         total=len(todo),
