@@ -338,3 +338,39 @@ def test_decode_compile_false_is_the_eager_path(tiny_model_dir, train_file, tmp_
     batch = next(iter(trainer.get_train_dataloader()))
     trainer._generate_and_score_completions(batch)
     assert trainer._metrics["train"]["decode/compiled"] == [0.0]
+
+
+# -- the planner -------------------------------------------------------------------------------------------------
+
+
+def test_the_planner_plans_the_decode_path(tiny_model_dir):
+    """Which path a run decodes by (what the trainer would choose), its memory (a static cache kept all step only
+    with CUDA graphs) and its time (the stated efficiency of each path); the report and --json say the path."""
+    from video_grpo.plan import make_plan, plan_recipe
+    from video_grpo.plan.report import report
+    from video_grpo.plan.sizes import DTYPE_BYTES
+    from video_grpo.plan.workload import decode_path
+
+    compiled = plan_recipe(
+        "configs/grpo/demo_tiny.yaml",
+        gpu="h100-80gb",
+        model_config=str(tiny_model_dir / "config.json"),
+        overrides={"model_name_or_path": str(tiny_model_dir)},
+    )
+    work, shape = compiled.work, compiled.shape
+    assert compiled.decode_path == decode_path(work) == "compiled"  # auto on CUDA
+    assert decode_path(work, "cpu") == "eager"
+    assert decode_path(work.replace(decode_compile="false")) == "eager"
+    assert decode_path(work.replace(decode_cuda_graphs=True)) == "compiled_cuda_graphs"
+    assert decode_path(work.replace(decode_cuda_graphs=True, zero_stage=3)) == "compiled"  # weights move
+    assert decode_path(work.replace(zero_stage=3, gather_for_generation=False)) == "eager"
+    eager = make_plan(shape, work.replace(decode_compile="false"), compiled.gpu)
+    graphs = make_plan(shape, work.replace(decode_cuda_graphs=True), compiled.gpu)
+    kept = work.generation_rows * (
+        work.decode_cache_tokens * shape.kv_bytes_per_token(DTYPE_BYTES[work.dtype])
+        + shape.linear_state_bytes()
+    )
+    assert graphs.memory.phases["loss"].by_category["kv cache"] == kept
+    assert not compiled.memory.phases["loss"].by_category.get("kv cache")
+    assert compiled.seconds["generation"] < eager.seconds["generation"]
+    assert compiled.as_json()["decode_path"] == "compiled" and "decoding: compiled step" in report(compiled)
