@@ -202,6 +202,7 @@ class CompiledDecoder:
         self.last_call_compiled = False
         self._compiled = None  # (model, its torch.compile'd __call__)
         self._guards_checked = False
+        self.skip_guards = self.settings.fullgraph  # see _step
         self.compile_config = CompileConfig(
             fullgraph=self.settings.fullgraph,
             dynamic=False,
@@ -298,13 +299,27 @@ class CompiledDecoder:
         shape, dtype, the model's mode...) before each call: at 36 layers that took a fifth of a compiled CPU step
         (``video_grpo.bench.decode_step``). Within one ``generate`` call nothing they check changes from step to
         step (the same rows, cache, weights and mode), so after the first step of a call has passed them all, the
-        others check only the guards that tell the cached graphs apart (``skip_guard_eval_unsafe``)."""
+        others check only the guards that tell the cached graphs apart (``skip_guard_eval_unsafe``).
+
+        Not where the step is more than one graph (ZeRO-3: DeepSpeed's pre-forward hook runs between the two, and
+        on the ZeRO-3 CPU twin a later step of a call did need a recompile there). If dynamo finds a step that
+        needs one anyway, it refuses to compile in this stance; the step then runs with every guard, and so do
+        all later ones."""
         _, compiled = self._compiled
-        if not self._guards_checked:
+        if not self._guards_checked or not self.skip_guards:
             output = compiled(*args, **kwargs)
             self._guards_checked = True
             return output
-        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+        try:
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                return compiled(*args, **kwargs)
+        except RuntimeError as err:
+            if "skip_guard_eval_unsafe" not in str(err):
+                raise
+            self.skip_guards = False
+            logger.warning(
+                f"decode_compile: a step needed a recompile within a call; every step checks guards now ({err})"
+            )
             return compiled(*args, **kwargs)
 
     def turn_off(self, error: BaseException) -> None:
