@@ -20,3 +20,10 @@ done
 # bf16), and its peak memory: PyTorch's default choice vs the memory-efficient kernel forced (a fall-back to the
 # math kernel would hold every layer's full score matrix).
 $PY -m video_grpo.bench.shared_prefix sdpa --widths 7b --visual_tokens 4000 --G 8 --device cuda --dtype bfloat16
+# 4. Decoding: tokens/s of one prompt answered G = 8 times, eager (today's path) against the compiled step without
+# and with CUDA graphs (decode_compile, decode_cuda_graphs), random-weight 3B and 7B at full depth in bf16; each side
+# also as a share of the bandwidth limit, (weights + KV bytes per step) / bandwidth. Set TB_PER_S to the card's HBM
+# bandwidth (H200 4.8, H100 3.35). Goal on an H200: with CUDA graphs >= 60% of the limit and >= 2.5x eager.
+for widths in 3b 7b; do
+  $PY -m video_grpo.bench.decode_step gpu --widths "$widths" --G 8 --device cuda --dtype bfloat16 --tb_per_s "${TB_PER_S:-4.8}"
+done

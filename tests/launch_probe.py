@@ -8,7 +8,10 @@ probes that only observe. Each rank writes ``<output_dir>/probe.rank<R>.json``:
   during training and during evaluation;
 - ``eval_metrics``: what ``evaluate()`` returned (eval_strategy steps runs it during training too);
 - ``shared_prefix``: whether the trainer packed rows by prompt, and the token positions the packed forwards
-  carried against what the plain forwards would have (``video_grpo.prefix``).
+  carried against what the plain forwards would have (``video_grpo.prefix``);
+- ``weight_pointers``: for each generation call, the data pointers of the language model's weights as generation
+  sees them (ZeRO-3 gathers them for it: do they keep their addresses, as CUDA graphs would need?);
+- ``decode``: the compiled decoder's counts (``video_grpo.decode``), when ``decode_compile`` is on.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ RECORD: dict = {
     "encoder_runs": Counter(),
     "generation_batches": Counter(),
     "eval_metrics": [],
+    "weight_pointers": [],
 }
 STATE = {"in_generation": False, "phase": "train"}
 GENERATED: dict[tuple, torch.Tensor] = {}  # prompt ids -> their positions at generation
@@ -79,6 +83,8 @@ one_prefill = prefill.generate
 
 def spy_one_prefill(*args, **kwargs):
     """With shared_prefix, generation's positions come from one prefill per prompt (video_grpo.prefill)."""
+    language = prefill.language_backbone(args[0]).language_model
+    RECORD["weight_pointers"].append([p.data_ptr() for p in language.parameters()])
     STATE["in_generation"] = True
     try:
         return one_prefill(*args, **kwargs)
@@ -123,6 +129,15 @@ class ProbeTrainer(entry.VideoGRPOTrainer):
             "plain_positions": self.prefix_positions[0],
             "packed_positions": self.prefix_positions[1],
         }
+        if self.decoder is not None:
+            stats = self.decoder.stats
+            RECORD["decode"] = {
+                "graphs": stats.graphs,
+                "compiled_steps": stats.compiled_steps,
+                "calls": stats.calls,
+                "fallbacks": stats.fallbacks,
+                "cuda_graphs": self.decoder.settings.cuda_graphs,
+            }
         out = Path(self.args.output_dir) / f"probe.rank{self.accelerator.process_index}.json"
         out.write_text(json.dumps(RECORD, default=dict))
         return result

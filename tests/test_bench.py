@@ -47,6 +47,8 @@ def test_perf_quick():
         "lm_positions_per_forward_qwen3_5",
         "train_step_time_shared_prefix_qwen3_5",
         "peak_memory_shared_prefix_qwen3_5",
+        "decode_step_time_compiled_vs_eager",
+        "decode_compile_time",
     ]
     assert [line["format"] for line in lines if line["name"] == "sample_prep_cache_vs_decode"] == [
         "raw",
@@ -67,6 +69,9 @@ def test_perf_quick():
     # Qwen3.5: the packed forward forks the Gated DeltaNet state, and carries (P + sum C) positions too
     positions = next(line for line in lines if line["name"] == "lm_positions_per_forward_qwen3_5")
     assert positions["state_forked"] and positions["ratio"] <= positions["ideal"] * 1.05
+    # the compiled decode step: the same tokens, every timed step through one graph
+    decode = next(line for line in lines if line["name"] == "decode_step_time_compiled_vs_eager")
+    assert decode["same_tokens"] and decode["graphs"] == 1 and decode["compiled_steps"] > 0
 
 
 def test_gpu_benchmark_script_smoke_runs_on_cpu():

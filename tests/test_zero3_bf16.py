@@ -8,6 +8,9 @@ the bf16 CPU twin of ``configs/accelerate/zero3.yaml``. Each rank reports what i
   generation gave it, and the same ``second_per_grid_ts`` (float32 on both sides);
 - the frozen tower runs exactly once per generation batch, on each rank;
 - an evaluation with uneven shards (3 queries, 2 ranks, batch size 1) finishes;
+- generation decodes through the compiled step (``decode_compile``, traced with the cheap ``eager`` backend) under
+  ZeRO-3 on every rank, and the gathered weights do not keep their addresses from one generation call to the next
+  (why the step is compiled without CUDA graphs under ZeRO-3: ``video_grpo.decode.decode_settings``);
 - the saved model's vision tower is unchanged and its language model trained.
 
 A second launch runs LoRA with gradient checkpointing and beta > 0 under ZeRO-3: an evaluation between steps, the
@@ -123,12 +126,20 @@ def test_zero3_bf16_frozen_tower_time_encoder_and_uneven_eval(tiny_model_dir, tm
         "1",
         "--eval_grounding_samples",
         "3",
+        "--decode_compile",
+        "true",
+        "--decode_compile_backend",
+        "eager",
         entry=("tests/launch_probe.py",),
     )
     result = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-6000:]
     assert "zero_stage=3" in log
+    assert "the compiled decode step failed" not in log, log[-6000:]
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    decoded = [entry["decode/compiled"] for entry in history if "decode/compiled" in entry]
+    assert decoded and all(value == 1.0 for value in decoded), history
     probes = [json.loads((out / f"probe.rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank, probe in enumerate(probes):
         print(rank, {k: v for k, v in probe.items() if k not in ("generation_seconds", "later_seconds")})
@@ -150,6 +161,13 @@ def test_zero3_bf16_frozen_tower_time_encoder_and_uneven_eval(tiny_model_dir, tm
         # generation batch, and one per grounding batch (2 per evaluation: the 1-query shard is padded to 2).
         assert len(probe["eval_metrics"]) == 2 and all("eval_mIoU" in m for m in probe["eval_metrics"])
         assert probe["encoder_runs"]["eval"] == probe["generation_batches"]["eval"] + 2 * 2, probe
+        # Every generation call (1 training, 2 evaluations x (2 sampled + 2 greedy grounding batches)) decoded
+        # through the compiled step; graphs: train mode, eval mode sampled (1 row), eval mode greedy (padded to 8)
+        calls = len(probe["weight_pointers"])
+        assert probe["decode"]["calls"] == calls and probe["decode"]["fallbacks"] == 0, probe["decode"]
+        assert probe["decode"]["compiled_steps"] >= calls and probe["decode"]["graphs"] == 3, probe["decode"]
+        # ZeRO-3 gathers the weights for generation into buffers allocated anew: their addresses move between calls
+        assert len({tuple(pointers) for pointers in probe["weight_pointers"]}) > 1
     assert probes[0]["encoder_runs"] == probes[1]["encoder_runs"]
     ended_in_order(out)  # both ranks left main with the process group torn down
     initial, trained = load(tiny_model_dir), load(out)  # the frozen tower stayed, the language model trained

@@ -125,6 +125,29 @@ class GRPOScriptArguments:
             "false: off."
         },
     )
+    decode_compile: str = field(
+        default="auto",
+        metadata={
+            "help": "Decode every generation from one static cache with a compiled step (video_grpo.decode; "
+            "docs/training.md 'Compiled decoding'): auto (the default) on CUDA, off elsewhere; true also on CPU; "
+            "false: eager decoding. The same tokens in fp32; logged as decode/compiled and decode/recompiles."
+        },
+    )
+    decode_compile_backend: str = field(
+        default="inductor",
+        metadata={
+            "help": "torch.compile backend of the decode step: inductor (fused kernels, CUDA graphs where safe), "
+            "or aot_eager / eager (the same graph without code generation: seconds to build, for tests)."
+        },
+    )
+    decode_cuda_graphs: bool = field(
+        default=False,
+        metadata={
+            "help": "With decode_compile: replay the compiled step as one CUDA graph (inductor on CUDA; not under "
+            "ZeRO-3, whose gathered weights move). The static cache then stays allocated all step, which the "
+            "planner counts: rows x (longest prompt + answer) x KV bytes per token."
+        },
+    )
     frame_cache_dir: str | None = field(
         default=None,
         metadata={
@@ -280,6 +303,17 @@ class GRPOScriptArguments:
             fail("auto_fit_memory_gb", f"must be > 0 (GB), got {self.auto_fit_memory_gb}.")
         if not 0 <= self.max_bad_sample_fraction <= 1:
             fail("max_bad_sample_fraction", f"must be in [0, 1], got {self.max_bad_sample_fraction}.")
+        from video_grpo.decode import BACKENDS, parse_decode_compile
+
+        try:
+            self.decode_compile = parse_decode_compile(self.decode_compile)
+        except ValueError as err:
+            fail("decode_compile", str(err).split(": ", 1)[1])
+        if self.decode_compile_backend not in BACKENDS:
+            fail(
+                "decode_compile_backend",
+                f"unknown backend {self.decode_compile_backend!r}; choose one of {list(BACKENDS)}.",
+            )
         from video_grpo.frame_cache import CACHE_FORMATS
 
         if self.frame_cache_format not in CACHE_FORMATS:

@@ -50,6 +50,7 @@ import sys
 from pathlib import Path
 
 from video_grpo.annotations import iter_jsonl_objects, write_jsonl
+from video_grpo.decode import add_decode_arguments
 from video_grpo.distributed import end_run, exit_process, process_state
 from video_grpo.evaluate import parse_prediction, query_iou
 
@@ -409,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_new_tokens", type=int, default=256)
     parser.add_argument("--max_samples", type=int, help="only the first N queries (smoke runs)")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
+    add_decode_arguments(parser)
     parser.add_argument(
         "--seed", type=int, default=0, help="sampling seed, and the gaussian draw's (TimeLens: 42)"
     )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -33,6 +34,7 @@ from tqdm.auto import tqdm
 
 from video_grpo import prefill
 from video_grpo.annotations import write_jsonl
+from video_grpo.decode import CompiledDecoder, add_decode_arguments, evaluation_decoder
 from video_grpo.distributed import end_run, exit_process, process_state
 from video_grpo.families import detect_family, family_of_model
 from video_grpo.prefix import unforkable_layers
@@ -126,13 +128,15 @@ def generate_answers(
     temperature: float = 1.0,
     shared_prefill: bool = True,
     text_timestamps: bool = False,
+    decoder: CompiledDecoder | None = None,
 ) -> list[str]:
     """Answers for a batch of dataset rows, through the same processing as training.
 
     ``shared_prefill``: rows that repeat a query (k samples per query) prefill its prompt once
     (:mod:`video_grpo.prefill`, which copies Qwen3.5's Gated DeltaNet states too); models with sequence-state
     layers their family cannot fork take the plain path.
-    ``text_timestamps``: the recipe's ``frame_timestamps_in_text`` (TimeLens-7B), as in training."""
+    ``text_timestamps``: the recipe's ``frame_timestamps_in_text`` (TimeLens-7B), as in training.
+    ``decoder``: decode through its static cache and compiled step (:mod:`video_grpo.decode`; the same tokens)."""
     config = model.config
     tokenizer = processor.tokenizer
     encoded = encode_rows(processor, rows, detect_family(config).with_text_timestamps(text_timestamps))
@@ -155,8 +159,9 @@ def generate_answers(
         kwargs["temperature"] = temperature
     else:
         kwargs.update(temperature=None, top_p=None, top_k=None)
-    if shared_prefill:
-        output = prefill.generate(model, **inputs, **kwargs)
+    decoder = decoder if decoder is not None and decoder.enabled else None
+    if shared_prefill or decoder is not None:
+        output = prefill.generate(model, **inputs, **kwargs, decoder=decoder, share=shared_prefill)
     else:
         output = model.generate(**inputs, **kwargs)
     return processor.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -244,11 +249,22 @@ def generate_parts(
         .to(state.device)
         .eval()
     )
-    text_timestamps = False
+    text_timestamps, script_args = False, None
     if getattr(args, "config", None):
         from video_grpo.configs import script_args_from_yaml
 
-        text_timestamps = script_args_from_yaml(args.config).frame_timestamps_in_text
+        script_args = script_args_from_yaml(args.config)
+        text_timestamps = script_args.frame_timestamps_in_text
+    decoder = evaluation_decoder(args, state.device, args.batch_size)
+    if decoder is not None and script_args is not None:  # the cache as long as the recipe's longest prompt
+        from video_grpo.plan.startup import decode_cache_tokens
+
+        try:
+            decoder.max_cache_len = decode_cache_tokens(
+                script_args, args.model_name_or_path, args.max_new_tokens
+            )
+        except Exception as err:  # noqa: BLE001 (sized at the first call instead)
+            print(f"decode_compile: could not size the static cache from the recipe ({err})", file=sys.stderr)
     unit = "answer" if num_samples > 1 else "query"
     progress = tqdm(
         total=len(todo),
@@ -272,6 +288,7 @@ def generate_parts(
                     args.temperature,
                     getattr(args, "shared_prefill", True),
                     text_timestamps,
+                    decoder,
                 )
                 records = [prediction_record(row, output) for row, output in zip(rows, outputs, strict=True)]
             except (
@@ -358,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         help="prefill a query's prompt once for its k sampled answers (true/false; exact)",
     )
     run.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
+    add_decode_arguments(run)
     score = sub.add_parser("score", help="recompute metrics from a predictions file (no model)")
     score.add_argument("--predictions", required=True)
     score.add_argument("--output")

@@ -25,7 +25,7 @@ from video_grpo.data import build_datasets
 from video_grpo.distributed import end_run, exit_process
 from video_grpo.families import family_of_model
 from video_grpo.memory_check import install_plan_check, wanted
-from video_grpo.plan.startup import check_plan, fit_run, log_startup_plan
+from video_grpo.plan.startup import check_plan, decode_cache_tokens, fit_run, log_startup_plan
 from video_grpo.rewards import resolve_reward_funcs
 from video_grpo.trainer import VideoGRPOTrainer
 
@@ -174,7 +174,26 @@ def build_trainer(
         shared_prefix=script_args.shared_prefix,
         frame_timestamps_in_text=script_args.frame_timestamps_in_text,
         train_vision_merger=script_args.train_vision_merger,
+        decode_compile=script_args.decode_compile,
+        decode_compile_backend=script_args.decode_compile_backend,
+        decode_cuda_graphs=script_args.decode_cuda_graphs,
+        decode_cache_tokens=recipe_decode_cache_tokens(script_args, training_args, model_args),
     )
+
+
+def recipe_decode_cache_tokens(script_args, training_args, model_args) -> int | None:
+    """The compiled decoder's static cache length from the recipe (None: sized at the first call, on a planner
+    error, which must not stop training)."""
+    try:
+        return decode_cache_tokens(
+            script_args,
+            model_args.model_name_or_path,
+            training_args.max_completion_length,
+            model_args.model_revision,
+        )
+    except Exception as err:  # noqa: BLE001
+        logger.warning(f"decode_compile: could not size the static cache from the recipe ({err})")
+        return None
 
 
 def parse_args(args: list[str] | None = None) -> tuple[GRPOScriptArguments, GRPOConfig, ModelConfig]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from video_grpo.decode import CompiledDecoder
 from video_grpo.prefix import group_rows
 from video_grpo.processing import TIME_INPUTS, concat
 
@@ -38,11 +39,22 @@ def select_cache_rows(cache, index: torch.Tensor) -> None:
     """Keep rows ``index`` of every cache layer, in place. transformers 5.24's ``Cache.batch_select_indices`` fails
     on a linear-attention layer (``LinearAttentionLayer`` has no such method), so its convolution and recurrent
     states are selected with the linear-attention part of ``reorder_cache`` (an ``index_select``), and the keys and
-    values of attention layers (or of the attention half of a combined layer) with ``batch_select_indices``."""
-    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    values of attention layers (or of the attention half of a combined layer) with ``batch_select_indices``.
 
-    for layer in cache.layers:
-        if isinstance(layer, LinearAttentionCacheLayerMixin):
+    A layer it cannot select (a ``StaticLayer``: fixed-size tensors, no ``batch_select_indices``) is an error:
+    skipping it would leave that layer with the wrong rows, and decoding would fail later, far from the cause
+    (``index_copy_(): Source/destination tensor must have same slice shapes``). A static cache is filled by
+    copying rows into it instead (:mod:`video_grpo.decode`)."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin, StaticLayer
+
+    for number, layer in enumerate(cache.layers):
+        linear = isinstance(layer, LinearAttentionCacheLayerMixin)
+        if isinstance(layer, StaticLayer) or not (linear or hasattr(layer, "batch_select_indices")):
+            raise TypeError(
+                f"select_cache_rows: cannot select rows of cache layer {number} ({type(layer).__name__}); "
+                "a static layer is filled by copying rows into it (video_grpo.decode.CompiledDecoder.fill)."
+            )
+        if linear:
             LinearAttentionCacheLayerMixin.reorder_cache(layer, index)
         if hasattr(
             layer, "batch_select_indices"
@@ -82,14 +94,59 @@ def generate(
     mm_token_type_ids: torch.Tensor,
     video_index: torch.Tensor | None = None,
     counts: list[int] | None = None,
+    decoder: CompiledDecoder | None = None,
+    share: bool = True,
     **kwargs: Any,
 ):
     """``model.generate(input_ids=..., ...)`` (``generate_fn``, default ``model.generate``) with each distinct
     left-padded prompt prefilled once. Rows must hold one video each (how every caller here builds them).
 
     ``video_index``: if given, ``pixel_values_videos`` holds each distinct video once (see
-    :func:`video_grpo.processing.unique_videos`) and row ``r`` shows video ``video_index[r]``, so no row's copy of the pixels is
-    made; ``video_grid_thw`` and the time inputs stay per row. Otherwise it holds one video per row."""
+    :func:`video_grpo.processing.unique_videos`) and row ``r`` shows video ``video_index[r]``, so no row's copy of
+    the pixels is made; ``video_grid_thw`` and the time inputs stay per row. Otherwise it holds one video per row.
+
+    ``decoder``: decode from its static cache with its compiled step (:mod:`video_grpo.decode`); if the compiled
+    path fails before any step ran through it, the decoder turns itself off with a warning and the call is made
+    again on the plain path. ``share=False`` prefills every row itself (``shared_prefix: false`` with
+    ``decode_compile`` on: the same forwards as plain ``generate``'s prefill, into a cache the decoder copies)."""
+    inputs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        pixel_values_videos=pixel_values_videos,
+        video_grid_thw=video_grid_thw,
+        mm_token_type_ids=mm_token_type_ids,
+        video_index=video_index,
+        **kwargs,
+    )
+    if decoder is None or not decoder.enabled:
+        return _generate(model, generate_fn, counts=counts, share=share, **inputs)
+    counted = list(counts) if counts is not None else None
+    try:
+        return _generate(model, generate_fn, counts=counts, share=share, decoder=decoder, **inputs)
+    except Exception as err:  # noqa: BLE001 (a compile failure is reported, then the plain path is taken)
+        if decoder.stats.compiled_steps:
+            raise  # the compiled step has run before: not a compile failure
+        decoder.turn_off(err)
+        if counts is not None:
+            counts[:] = counted
+        return _generate(model, generate_fn, counts=counts, share=share, **inputs)
+
+
+def _generate(
+    model,
+    generate_fn=None,
+    *,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    pixel_values_videos: torch.Tensor,
+    video_grid_thw: torch.Tensor,
+    mm_token_type_ids: torch.Tensor,
+    video_index: torch.Tensor | None = None,
+    counts: list[int] | None = None,
+    decoder: CompiledDecoder | None = None,
+    share: bool = True,
+    **kwargs: Any,
+):
     generate_fn = generate_fn or model.generate
     time = {key: kwargs.pop(key) for key in TIME_INPUTS if key in kwargs}
     if video_index is None:
@@ -101,10 +158,15 @@ def generate(
             pixel_values_videos, [int(video_grid_thw[row].prod()) for row in first_row_of.values()]
         )
         pixels = [videos[video] for video in rows_of]  # views: rows of one video hold the same object
-    first, index = unique_rows(input_ids, attention_mask, pixels, video_grid_thw, time)
+    if share:
+        first, index = unique_rows(input_ids, attention_mask, pixels, video_grid_thw, time)
+    else:
+        first, index = list(range(len(pixels))), torch.arange(len(pixels))
     shown = [pixels[i] for i in first]
     if video_index is not None and [rows_of[i] for i in first] == list(range(len(videos))):
         prefill_pixels = pixel_values_videos  # the distinct videos, in order: no copy
+    elif video_index is None and first == list(range(len(pixels))):
+        prefill_pixels = pixel_values_videos  # one video per row, every row prefilled: no copy
     else:
         prefill_pixels = concat(shown)
     backbone = language_backbone(model)
@@ -123,6 +185,17 @@ def generate(
         counts[0] += len(index)
         counts[1] += len(first)
     index = index.to(input_ids.device)
+    if decoder is not None:
+        return decoder.generate(
+            model,
+            generate_fn,
+            cache,
+            index,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            mm_token_type_ids=mm_token_type_ids,
+            **kwargs,
+        )
     select_cache_rows(cache, index)
     backbone.rope_deltas = backbone.rope_deltas[index]
     return generate_fn(
@@ -135,16 +208,18 @@ def generate(
 
 
 @contextlib.contextmanager
-def one_prefill_per_prompt(model, counts: list[int] | None = None):
+def one_prefill_per_prompt(
+    model, counts: list[int] | None = None, decoder: CompiledDecoder | None = None, share: bool = True
+):
     """Within the block, ``model.generate`` (as TRL calls it) prefills each distinct prompt once. ``counts``, if
-    given, gets [rows, rows prefilled] added for each call."""
+    given, gets [rows, rows prefilled] added for each call. ``decoder`` and ``share``: see :func:`generate`."""
     original = model.generate
     had_own = "generate" in vars(model)
 
     def shared_generate(*args, **kwargs):
         if args or "pixel_values_videos" not in kwargs or "mm_token_type_ids" not in kwargs:
             return original(*args, **kwargs)  # not a video batch built by our trainer
-        return generate(model, original, counts=counts, **kwargs)
+        return generate(model, original, counts=counts, decoder=decoder, share=share, **kwargs)
 
     model.generate = shared_generate
     try:

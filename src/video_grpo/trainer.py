@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
+from video_grpo.decode import CompiledDecoder, decode_compile_on, decode_settings, parse_decode_compile
 from video_grpo.encoder import install
 from video_grpo.families import detect_family
 from video_grpo.guidance import group_advantages, guided_completion_ids, guided_mask
@@ -103,6 +104,10 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         shared_prefix: bool | None = None,
         frame_timestamps_in_text: bool = False,
         train_vision_merger: bool = False,
+        decode_compile: str | bool = "auto",
+        decode_compile_backend: str = "inductor",
+        decode_cuda_graphs: bool = False,
+        decode_cache_tokens: int | None = None,
         **kwargs,
     ) -> None:
         """
@@ -121,6 +126,11 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             True: on, and an error where it cannot be exact; False: off.
         frame_timestamps_in_text: Qwen2.5-VL prompts carry each temporal patch's time as text (TimeLens-7B;
             ``video_grpo.families``), in generation, every forward and the grounding evaluation.
+        decode_compile, decode_compile_backend: decode from one static cache with a compiled step
+            (``video_grpo.decode``): "auto" on CUDA, "true" everywhere, "false" eagerly. decode_cuda_graphs: replay
+            it as a CUDA graph where that is safe (the cache then stays allocated). decode_cache_tokens: the
+            static cache's length, the longest prompt the recipe allows + max_completion_length (None: from the
+            first generation call).
         """
         super().__init__(*args, **kwargs)
         self.gt_guidance = gt_guidance
@@ -164,6 +174,9 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         # One prefill per prompt in generate: exact with any attention backend, and with sequence-state layers
         # whose state the prefill's cache copies (video_grpo.prefill)
         self.shared_prefill = shared_prefix is not False and not unforkable_layers(base.config)
+        self.decoder = self._compiled_decoder(
+            decode_compile, decode_compile_backend, decode_cuda_graphs, decode_cache_tokens
+        )
         self._fork_state = forkable_state(base.config)  # packed forwards fork Gated DeltaNet states
         self._language_model = base.model  # its get_rope_index lays out the packed rows' positions
         self._eager_attention = getattr(base.config, "_attn_implementation", None) == "eager"
@@ -178,6 +191,42 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         self.generation_kwargs["suppress_tokens"] = suppressed
         self.generation_config.suppress_tokens = suppressed
         self._video_rows: dict[str, Any] | None = None  # video inputs aligned with the rows being forwarded
+
+    def _compiled_decoder(
+        self, value, backend: str, cuda_graphs: bool, cache_tokens: int | None
+    ) -> CompiledDecoder | None:
+        """The generation calls' static cache and compiled step (``video_grpo.decode``), or None to decode eagerly.
+
+        Rows: a training generation call's (micro-batch x steps_per_generation), or an evaluation batch's if that
+        is larger; smaller calls are padded to it, so one graph serves both."""
+        value = parse_decode_compile(value)
+        device = self.accelerator.device
+        if not decode_compile_on(value, device):
+            return None
+        plugin = self.accelerator.state.deepspeed_plugin
+        zero_stage = plugin.zero_stage if plugin is not None else 0
+        gather = self.args.ds3_gather_for_generation
+        if zero_stage == 3 and not gather:
+            message = (
+                "decode_compile needs the whole policy on each rank while decoding: ZeRO-3 without "
+                "ds3_gather_for_generation fetches weights layer by layer inside the forward"
+            )
+            if value == "true":
+                raise ValueError(
+                    f"decode_compile: {message}. Set ds3_gather_for_generation: true or decode_compile: false."
+                )
+            logger.warning(f"decode_compile is off: {message}.")
+            return None
+        settings, why = decode_settings(backend, device, zero_stage, gather, cuda_graphs)
+        rows = self.args.per_device_train_batch_size * self.args.steps_per_generation
+        if self.args.eval_strategy != "no":
+            rows = max(rows, self.args.per_device_eval_batch_size)
+        logger.warning(
+            f"decode_compile: {why}; static cache of {rows} rows x "
+            f"{cache_tokens or 'the first call'} positions"
+            + (" (kept for the run)" if settings.persistent else "")
+        )
+        return CompiledDecoder(rows, cache_tokens, settings)
 
     # -- evaluation ------------------------------------------------------------------------------------------
 
@@ -249,6 +298,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
                     rows,
                     self.max_completion_length,
                     text_timestamps=self.family.text_timestamps,
+                    decoder=self.decoder,
                 )
                 real = max(0, min(batch_size, len(indices) - start))  # the rest of the batch is padding
                 records += [
@@ -321,13 +371,26 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
     ):
         model = self.accelerator.unwrap_model(self.model_wrapped)  # what TRL's generate call runs on
         counts = [0, 0]  # rows generated, rows prefilled
-        with one_prefill_per_prompt(model, counts) if self.shared_prefill else contextlib.nullcontext():
+        decoder = self.decoder if self.decoder is not None and self.decoder.enabled else None
+        patch = (
+            one_prefill_per_prompt(
+                model, counts if self.shared_prefill else None, decoder, share=self.shared_prefill
+            )
+            if self.shared_prefill or decoder is not None
+            else contextlib.nullcontext()
+        )
+        with patch:
             completion_ids, logprobs = super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
+        mode = "train" if self.model.training else "eval"
         if counts[0]:
-            mode = "train" if self.model.training else "eval"
             self._metrics[mode]["shared_prefix/prefill_ratio"].append(counts[1] / counts[0])
+        compiled = decoder is not None and decoder.enabled and decoder.last_call_compiled
+        self._metrics[mode]["decode/compiled"].append(float(compiled))
+        self._metrics[mode]["decode/recompiles"].append(
+            float(self.decoder.stats.recompiles) if self.decoder is not None else 0.0
+        )
         for row, ids in self._guided.items():
             completion_ids[row] = ids
         return completion_ids, logprobs

@@ -24,6 +24,11 @@
 - ``lm_positions_per_forward_qwen3_5`` (at Qwen3.5-4B's widths; ``--quick``: narrow),
   ``train_step_time_shared_prefix_qwen3_5`` and ``peak_memory_shared_prefix_qwen3_5`` (narrow): the same on
   Qwen3.5, whose Gated DeltaNet state is forked after the prompt; see :mod:`video_grpo.bench.shared_prefix_qwen3_5`.
+- ``decode_step_time_compiled_vs_eager`` and ``decode_compile_time``: one decode step of ``generate`` through the
+  compiled step and static cache (``decode_compile``) vs today's eager path, per-step medians with the compile
+  excluded, 64 wide x 36 text layers (the dispatch-bound regime of a GPU at G = 8; ``--quick``: 4 layers, the
+  ``aot_eager`` backend, for the code path only); and the compile's own seconds. See
+  :mod:`video_grpo.bench.decode_step`.
 - ``encoder_time_scaling`` (full run only): vision-encoder forward+backward time for one video shown to G
   rows, once vs per row, over G, frame count and frame size.
 
@@ -68,3 +73,6 @@ def perf(quick: bool) -> None:
         from video_grpo.bench import shared_prefix_qwen3_5
 
         shared_prefix_qwen3_5.perf_rows(emit, quick)  # the same on Qwen3.5, its Gated DeltaNet state forked
+        from video_grpo.bench import decode_step
+
+        decode_step.perf_rows(emit, quick)  # the compiled decode step against eager decoding

@@ -3,7 +3,8 @@
 FLOPs count what ``torch.utils.flop_counter.FlopCounterMode`` counts (matrix products, convolutions and
 attention at 2 FLOPs per multiply-add; attention over its full score matrix, as the kernels compute it): the
 linear layers' sizes come from the model itself (:mod:`video_grpo.plan.model`'s meta model), attention from the
-sequence lengths. Decoding is counted per token; its time is set by the bytes it reads (weights and KV cache).
+sequence lengths. Decoding is counted per token; its time is set by the bytes it reads (weights and KV cache), at
+an efficiency that depends on how the run decodes (:func:`video_grpo.plan.workload.decode_path`).
 
 Times assume efficiencies, stated in the output: a plan says which phase dominates, not a benchmark result.
 """
@@ -18,7 +19,7 @@ import torch
 from video_grpo.plan.layers import vision_chunks
 from video_grpo.plan.model import ModelShape, meta_model
 from video_grpo.plan.sizes import DTYPE_BYTES, step_sizes
-from video_grpo.plan.workload import Workload
+from video_grpo.plan.workload import Workload, decode_path
 
 # Dense bf16 tensor FLOP/s (no sparsity), memory bandwidth and memory as sold. Sources: NVIDIA datasheets, as
 # collected in docs/planning.md.
@@ -31,10 +32,16 @@ GPUS = {
     "a40-48gb": {"name": "A40 48GB", "tflops": 149.7, "tb_per_s": 0.696, "memory_gb": 48},
     "rtx4090-24gb": {"name": "RTX 4090 24GB", "tflops": 165.2, "tb_per_s": 1.008, "memory_gb": 24},
 }
-# Assumed shares of the peak: training kernels at 40% of peak FLOP/s (the middle of the 30-50% usually reported for
-# transformer training); HF generate's decoding at 50% of memory bandwidth (below the 60-85% of serving engines).
+# Assumed shares of the peak. Training kernels at 40% of peak FLOP/s (the middle of the 30-50% usually reported for
+# transformer training). Decoding, by path (none measured on a GPU yet; scripts/bench_gpu.sh measures them):
+# - eager: 20%. HF's eager step launches a kernel per op, about 1,460 for the 3B (40 per layer, counted on CPU);
+#   at ~8 us of host time each that is ~12 ms against the ~2.3 ms its bytes take on an H100 at G = 8.
+# - compiled: 45%. Inductor fuses a layer's ~40 ops into ~12 kernels, still launched one by one from the host
+#   (under ZeRO-3, where CUDA graphs cannot be used): about 3.5x fewer launches, comparable to the byte time.
+# - compiled with CUDA graphs: 60%, the goal set for it (issue 34: >= 60% of the bandwidth limit on an H200);
+#   serving engines report 60-85%.
 COMPUTE_EFFICIENCY = 0.40
-DECODE_BANDWIDTH_EFFICIENCY = 0.50
+DECODE_BANDWIDTH_EFFICIENCY = {"eager": 0.20, "compiled": 0.45, "compiled_cuda_graphs": 0.60}
 
 
 @dataclass(frozen=True)
@@ -100,12 +107,13 @@ class ComputePlan:
     flops: dict[str, int]  # by phase
     decode_bytes: int  # bytes read while decoding (weights and KV cache, every token)
     decode_flops: int  # the decoding part of generation's FLOPs
+    decode_path: str = "eager"  # how it decodes (video_grpo.plan.workload.decode_path): sets the efficiency
 
     def seconds_on(self, gpu: dict) -> dict[str, float]:
         """Seconds per phase on ``gpu`` (a :data:`GPUS` entry) at the assumed efficiencies; decoding takes the
         longer of its FLOPs and its bytes."""
         peak = gpu["tflops"] * 1e12 * COMPUTE_EFFICIENCY
-        bandwidth = gpu["tb_per_s"] * 1e12 * DECODE_BANDWIDTH_EFFICIENCY
+        bandwidth = gpu["tb_per_s"] * 1e12 * DECODE_BANDWIDTH_EFFICIENCY[self.decode_path]
         seconds = {phase: flops / peak for phase, flops in self.flops.items()}
         prefill = self.flops["generation"] - self.decode_flops
         seconds["generation"] = prefill / peak + max(self.decode_flops / peak, self.decode_bytes / bandwidth)
@@ -158,18 +166,23 @@ def plan_compute(shape: ModelShape, work: Workload, device: str = "cuda") -> Com
 
     generation_batches = max(1, work.gradient_accumulation * work.micro_batch_rows // work.generation_rows)
     videos = sizes.generation_videos
-    if work.shared_prefix:  # one prefill per prompt, without its last token
-        prefill = layers(videos, sizes.prompt - 1, False, False)
+    path = decode_path(work, device)
+    one_prefill = work.shared_prefix or path != "eager"  # the prompt without its last token into a cache
+    if one_prefill:  # each prompt once with shared_prefix, else every row (the compiled path's copy source)
+        prefill = layers(
+            videos if work.shared_prefix else sizes.generation_rows, sizes.prompt - 1, False, False
+        )
     else:  # every row, and the logits of its last token
         prefill = (
             layers(sizes.generation_rows, sizes.prompt, False, False) + 2 * sizes.generation_rows * lin.head
         )
     rows = sizes.generation_rows
     decode, decode_bytes = 0, 0
-    steps = sizes.answer if work.shared_prefix else sizes.answer - 1
-    context = sizes.prompt - 1 if work.shared_prefix else sizes.prompt
+    steps = sizes.answer if one_prefill else sizes.answer - 1
+    context = sizes.prompt - 1 if one_prefill else sizes.prompt
     for step in range(steps):
-        length = context + step + 1
+        # a static cache is attended over its whole length every step (masked), a dynamic one over what it holds
+        length = work.decode_cache_tokens if path != "eager" else context + step + 1
         decode += 2 * rows * (text_macs + lin.head) + attention_layers * 4 * rows * heads * length * d
         decode_bytes += shape.params * b + rows * length * shape.kv_bytes_per_token(b)
     generation = vision(videos, False) + prefill + decode
@@ -200,4 +213,6 @@ def plan_compute(shape: ModelShape, work: Workload, device: str = "cuda") -> Com
         "loss": loss * micro_batches,
         "optimizer": 0,
     }
-    return ComputePlan(flops, decode_bytes * generation_batches, decode_flops=decode * generation_batches)
+    return ComputePlan(
+        flops, decode_bytes * generation_batches, decode_flops=decode * generation_batches, decode_path=path
+    )

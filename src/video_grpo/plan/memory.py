@@ -7,7 +7,7 @@ micro-batch, the optimizer step. Each phase reports its peak and what it is made
 - ``weights``: the policy's parameters (ZeRO-3: this rank's shard, plus the full copy gathered to generate);
 - ``gradients``, ``optimizer states`` (nothing on the GPU when offloaded), ``reference`` (a copy for beta > 0;
   LoRA's reference is the adapter switched off, no copy);
-- ``kv cache``; ``vision activations`` (pixels, the tower's saved tensors, cached features);
+- ``kv cache`` (with ``decode_compile``'s CUDA graphs, the static cache all step); ``vision activations`` (pixels, the tower's saved tensors, cached features);
   ``lm activations`` (embeddings, masks, the decoder layers' saved tensors); ``logits and log-probs`` (the LM
   head's buffers, TRL's fused head on both paths).
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from video_grpo.plan.layers import LayerCost, text_layer_cost, vision_block_cost, vision_tower_cost
 from video_grpo.plan.model import DEFAULT_LORA_TARGETS, ModelShape
 from video_grpo.plan.sizes import DTYPE_BYTES, step_sizes
-from video_grpo.plan.workload import Workload
+from video_grpo.plan.workload import Workload, decode_path
 
 CATEGORIES = (
     "weights",
@@ -210,6 +210,13 @@ class StepWalk:
         self.features = (
             sizes.generation_videos * visual_tokens * shape.out_hidden * self.b * (1 + shape.deepstack_levels)
         )
+        # the compiled decoder's static cache (video_grpo.decode): every generation row x its whole length; with
+        # CUDA graphs it stays allocated all step (its addresses are baked into the graph)
+        self.decode_path = decode_path(work, device)
+        self.static_cache = sizes.generation_rows * (
+            work.decode_cache_tokens * shape.kv_bytes_per_token(self.b) + shape.linear_state_bytes()
+        )
+        self.persistent_cache = self.static_cache if self.decode_path == "compiled_cuda_graphs" else 0
 
     def run(self) -> MemoryPlan:
         live = self.ledger.live
@@ -218,6 +225,7 @@ class StepWalk:
         )
         if self.device == "cpu":
             live["vision activations"] += self.pixels  # the rows' processed pixels, on the device all along
+        live["kv cache"] = self.persistent_cache
         phases = {
             "generation": self.generation(),
             "old_and_reference": self.old_and_reference(),
@@ -247,7 +255,11 @@ class StepWalk:
         ledger.live["vision activations"] += copies * self.pixels
         videos = sizes.generation_videos
         shared = work.shared_prefix
-        rows, length = (videos, sizes.prompt - 1) if shared else (sizes.generation_rows, sizes.prompt)
+        compiled = self.decode_path != "eager"
+        if shared:  # one prefill per prompt, without its last token
+            rows, length = videos, sizes.prompt - 1
+        else:  # every row; the compiled path also leaves the last token to the decoder
+            rows, length = sizes.generation_rows, sizes.prompt - int(compiled)
         tower = vision_tower_cost(shape, work.dtype, sizes.grid, False)
         encoded = (
             videos if work.encode_once else sizes.generation_rows
@@ -269,17 +281,26 @@ class StepWalk:
             for _ in range(count):
                 ledger.moment(lm_activations=embeddings + layer.nograd_peak, vision_activations=features)
                 ledger.live["kv cache"] += rows * length * kv_token // layers
-        ledger.live["kv cache"] = rows * length * kv_token + rows * shape.linear_state_bytes()
+        prefilled = rows * length * kv_token + rows * shape.linear_state_bytes()
+        ledger.live["kv cache"] = self.persistent_cache + prefilled
         ledger.moment(lm_activations=embeddings, vision_activations=features)
         rows = sizes.generation_rows
-        if shared:  # the prompt's cache copied to the G rows, one layer at a time
-            ledger.live["kv cache"] = rows * length * kv_token + rows * shape.linear_state_bytes()
-        final = rows * (sizes.prompt - 1 + sizes.answer) * kv_token + rows * shape.linear_state_bytes()
-        ledger.live["kv cache"] = final
-        # the last token: one layer's cache grown by a copy, and the sampler's float32 logits and probabilities
-        ledger.moment(kv_cache=final // layers, logits=rows * shape.vocab * (b + 4 + 4))
+        logits = rows * shape.vocab * (b + 4 + 4)  # the sampler's float32 logits and probabilities
+        if compiled:
+            # the prefill's cache copied into the static one layer by layer, each prefill layer freed once copied:
+            # at most the whole static cache and one prefill layer; decoding then writes in place
+            ledger.live["kv cache"] = self.static_cache
+            ledger.moment(kv_cache=prefilled // layers)
+            ledger.moment(logits=logits)
+        else:
+            if shared:  # the prompt's cache copied to the G rows, one layer at a time
+                ledger.live["kv cache"] = rows * length * kv_token + rows * shape.linear_state_bytes()
+            final = rows * (sizes.prompt - 1 + sizes.answer) * kv_token + rows * shape.linear_state_bytes()
+            ledger.live["kv cache"] = final
+            # the last token: one layer's cache grown by a copy, and the sampler's logits
+            ledger.moment(kv_cache=final // layers, logits=logits)
         phase = ledger.take_phase()
-        ledger.live["kv cache"] = 0
+        ledger.live["kv cache"] = self.persistent_cache
         ledger.live["weights"] = self.states["weights"] + self.zero3_gathered()
         ledger.live["vision activations"] -= copies * self.pixels
         if self.cached and self.device != "cpu":

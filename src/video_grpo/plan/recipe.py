@@ -9,7 +9,13 @@ from dataclasses import dataclass
 from video_grpo.plan.compute import COMPUTE_EFFICIENCY, DECODE_BANDWIDTH_EFFICIENCY, GPUS, plan_compute
 from video_grpo.plan.memory import MemoryPlan, plan_memory
 from video_grpo.plan.model import ModelShape, load_model_config, read_model_shape
-from video_grpo.plan.workload import Workload, accelerate_values, recipe_values, workload_from_recipe
+from video_grpo.plan.workload import (
+    Workload,
+    accelerate_values,
+    decode_path,
+    recipe_values,
+    workload_from_recipe,
+)
 
 # A plan counts live tensors. A GPU also holds the CUDA context and kernels (~0.5-1 GB), NCCL's buffers (~0.5-1
 # GB) and what PyTorch's caching allocator reserves but cannot reuse (fragmentation, commonly 5-15% of the peak);
@@ -28,6 +34,11 @@ class Plan:
     flops: dict[str, int]
     seconds: dict[str, float] | None
     gpu: dict | None  # the GPUS entry, or {"name": ..., "memory_gb": ...}
+
+    @property
+    def decode_path(self) -> str:
+        """How the run decodes on the planned device (:func:`video_grpo.plan.workload.decode_path`)."""
+        return decode_path(self.work, "cpu" if self.gpu and self.gpu.get("cpu") else "cuda")
 
     @property
     def usable_bytes(self) -> float | None:
@@ -70,7 +81,11 @@ class Plan:
             "host_gb": round(memory.host_bytes / GB, 3),
             "flops_by_phase": self.flops,
             "time_s_by_phase": {k: round(v, 3) for k, v in self.seconds.items()} if self.seconds else None,
-            "efficiencies": {"compute": COMPUTE_EFFICIENCY, "decode_bandwidth": DECODE_BANDWIDTH_EFFICIENCY},
+            "efficiencies": {
+                "compute": COMPUTE_EFFICIENCY,
+                "decode_bandwidth": DECODE_BANDWIDTH_EFFICIENCY[self.decode_path],
+            },
+            "decode_path": self.decode_path,
             "workload": {
                 "visual_tokens": self.work.visual_tokens,
                 "prompt_tokens": self.work.prompt_tokens,

@@ -7,6 +7,12 @@ from video_grpo.plan.fitting import suggestions
 from video_grpo.plan.memory import CATEGORIES
 from video_grpo.plan.recipe import GB, Plan
 
+DECODE_PATH_NAMES = {
+    "eager": "eager",
+    "compiled": "compiled step, no CUDA graphs",
+    "compiled_cuda_graphs": "compiled step with CUDA graphs",
+}
+
 
 def report(plan: Plan) -> str:
     work, memory = plan.work, plan.memory
@@ -18,7 +24,8 @@ def report(plan: Plan) -> str:
         f"per GPU and step: {work.generation_rows} rows generated ({work.group_size} per prompt), micro-batches of "
         f"{work.micro_batch_rows}; a prompt of {work.prompt_tokens} tokens ({work.visual_tokens} visual, worst case), "
         f"answers of {work.completion_tokens}; shared prompt {'on' if work.shared_prefix else 'off'}, "
-        f"checkpointing {'on' if work.gradient_checkpointing else 'off'}, beta {work.beta:g}",
+        f"checkpointing {'on' if work.gradient_checkpointing else 'off'}, beta {work.beta:g}; "
+        f"decoding: {DECODE_PATH_NAMES[plan.decode_path]}",
         "",
         "memory per GPU (GB), at each phase's peak:",
         "  " + f"{'':<22}" + "".join(f"{name[:12]:>13}" for name in memory.phases),
@@ -44,7 +51,8 @@ def report(plan: Plan) -> str:
         lines.append(f"  {phase:<22}{flops / 1e12:12.1f} TFLOP{seconds}")
     if plan.seconds:
         lines.append(
-            f"  times at {COMPUTE_EFFICIENCY:.0%} of {plan.gpu['name']}'s peak bf16 FLOP/s, decoding at "
-            f"{DECODE_BANDWIDTH_EFFICIENCY:.0%} of its memory bandwidth (assumed, not measured)"
+            f"  times at {COMPUTE_EFFICIENCY:.0%} of {plan.gpu['name']}'s peak bf16 FLOP/s, decoding "
+            f"({DECODE_PATH_NAMES[plan.decode_path]}) at {DECODE_BANDWIDTH_EFFICIENCY[plan.decode_path]:.0%} of its "
+            "memory bandwidth (assumed, not measured)"
         )
     return "\n".join(lines)

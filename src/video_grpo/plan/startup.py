@@ -10,7 +10,12 @@ import functools
 from video_grpo.plan.autofit import FitResult, auto_fit
 from video_grpo.plan.model import load_model_config, read_model_shape
 from video_grpo.plan.recipe import GB, Plan, make_plan, resolve_gpu
-from video_grpo.plan.workload import workload_from_recipe
+from video_grpo.plan.workload import (
+    decode_cache_positions,
+    text_tokens,
+    workload_from_recipe,
+    worst_case_video,
+)
 
 
 def launch_from_environment() -> dict:
@@ -118,3 +123,24 @@ def log_startup_plan(script_args, training_args, model_args, logger) -> Plan | N
             "(docs/planning.md). Training goes on: the estimate may be wrong."
         )
     return plan
+
+
+def decode_cache_tokens(
+    script_args, model_name_or_path: str, completion_tokens: int, revision: str | None = None
+) -> int:
+    """Positions of the compiled decoder's static cache (``video_grpo.decode``) for a recipe's script arguments:
+    the longest prompt its video budget allows, as the planner counts it, with room for ``completion_tokens``
+    (:func:`video_grpo.plan.workload.decode_cache_positions`). Reads the model's config.json only."""
+    from video_grpo.families import detect_family
+
+    config = load_model_config(model_name_or_path, None, revision, local_only=False)
+    family = detect_family(config).with_text_timestamps(script_args.frame_timestamps_in_text)
+    visual, pairs, _ = worst_case_video(
+        family,
+        script_args.video_max_tokens,
+        script_args.video_max_frames,
+        script_args.video_min_pixels,
+        script_args.video_max_pixels,
+    )
+    prompt = visual + text_tokens(family, script_args.prompt_template, pairs)
+    return decode_cache_positions(prompt, pairs, completion_tokens)

@@ -26,6 +26,16 @@ TIME_TEXT_TOKENS = (
     7  # "<12.3 seconds>" before each temporal patch in Qwen3 families (6 under 10 s, 8 from 100 s)
 )
 CHARS_PER_TOKEN = 3.5  # for a recipe's own prompt_template: English text in Qwen's tokenizer, roughly
+DECODE_CACHE_MULTIPLE = 64  # the compiled decoder's static cache length is rounded up to this
+
+
+def decode_cache_positions(prompt_tokens: int, temporal_patches: int, completion_tokens: int) -> int:
+    """Length of the compiled decoder's static cache (``decode_compile``; ``video_grpo.decode``): the worst-case
+    prompt, one more token per frame pair (a clip's time text is 8 tokens from 100 s on, against
+    :data:`TIME_TEXT_TOKENS` 7), and every answer token, rounded up to :data:`DECODE_CACHE_MULTIPLE`. A prompt
+    longer still makes the decoder reallocate the cache (one recompile, with a warning)."""
+    need = prompt_tokens + temporal_patches + completion_tokens
+    return -(-need // DECODE_CACHE_MULTIPLE) * DECODE_CACHE_MULTIPLE
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,9 @@ class Workload:
     offload_optimizer: bool = False
     offload_params: bool = False
     gather_for_generation: bool = True  # TRL's ds3_gather_for_generation
+    decode_compile: str = "auto"  # the recipe's decode_compile (auto: compiled on CUDA); see decode_path
+    decode_backend: str = "inductor"  # its decode_compile_backend
+    decode_cuda_graphs: bool = False  # its decode_cuda_graphs
     sources: dict = field(default_factory=dict, compare=False)  # where each number came from, for the report
 
     @property
@@ -70,8 +83,34 @@ class Workload:
     def prompts_per_generation(self) -> int:
         return max(1, math.ceil(self.generation_rows / self.group_size))
 
+    @property
+    def decode_cache_tokens(self) -> int:
+        """Positions of the compiled decoder's static cache (:func:`decode_cache_positions`)."""
+        return decode_cache_positions(self.prompt_tokens, self.temporal_patches, self.completion_tokens)
+
     def replace(self, **changes) -> Workload:
         return dataclasses.replace(self, **changes)
+
+
+DECODE_PATHS = ("eager", "compiled", "compiled_cuda_graphs")
+
+
+def decode_path(work: Workload, device: str = "cuda") -> str:
+    """How this run decodes on ``device``, as the trainer decides (:func:`video_grpo.decode.decode_settings`):
+    ``eager`` (a dynamic cache, a kernel launch per op), ``compiled`` (the static cache and fused kernels, allocated
+    per generation call; under ZeRO-3 with ds3_gather_for_generation, whose gathered weights move) or
+    ``compiled_cuda_graphs`` (``decode_cuda_graphs``: the step replayed as one graph; the static cache stays
+    allocated all step)."""
+    from video_grpo.decode import decode_compile_on, decode_settings
+
+    if not decode_compile_on(work.decode_compile, device):
+        return "eager"
+    if work.zero_stage == 3 and not work.gather_for_generation:
+        return "eager"  # the trainer turns decode_compile off (auto) or refuses it (true) here
+    settings, _ = decode_settings(
+        work.decode_backend, device, work.zero_stage, work.gather_for_generation, work.decode_cuda_graphs
+    )
+    return "compiled_cuda_graphs" if settings.cuda_graphs else "compiled"
 
 
 def worst_case_video(
@@ -180,6 +219,8 @@ def workload_from_recipe(
     dtype = "float32" if dtype in ("auto", None) else dtype
     mixed = (launch["mixed_precision"] or ("bf16" if recipe.get("bf16") else "no")) == "bf16"
     shared = recipe.get("shared_prefix") is not False and not stateful_text
+    from video_grpo.decode import parse_decode_compile
+
     return Workload(
         visual_tokens=visual,
         temporal_patches=pairs,
@@ -205,4 +246,7 @@ def workload_from_recipe(
         offload_optimizer=launch["offload_optimizer"],
         offload_params=launch["offload_params"],
         gather_for_generation=bool(recipe.get("ds3_gather_for_generation", True)),
+        decode_compile=parse_decode_compile(recipe.get("decode_compile", "auto")),
+        decode_backend=recipe.get("decode_compile_backend") or "inductor",
+        decode_cuda_graphs=bool(recipe.get("decode_cuda_graphs")),
     )

@@ -1,0 +1,550 @@
+"""Decoding from one static cache with a compiled step (``decode_compile``): rollouts at the speed of the memory bus.
+
+An eager decode step of a 3B model dispatches about 1,460 ATen ops, each a kernel launch on a GPU; at 8-16 rows
+the launches, not the bytes read, set the step time. :class:`CompiledDecoder` keeps what a compiled step needs to
+run at a fixed shape:
+
+1. **One static cache**, sized once: ``rows`` (every row of one generation call) x ``max_cache_len`` (the longest
+   prompt the recipe's video budget allows + ``max_completion_length``). The attention mask spans the whole cache,
+   so the prompt's width never changes the graph. A greedy call with fewer rows is padded with copies of its last
+   row, whose answers are dropped; a sampled one decodes on the cache's first rows (views: padding rows would draw
+   from the random generator and change every later token).
+2. **Filled in place** after :func:`video_grpo.prefill.generate`'s one prefill per prompt: each row's keys and
+   values (and Qwen3.5's Gated DeltaNet convolution and recurrent states) are copied from the prefill's
+   ``DynamicCache`` into the static tensors (``copy_``), layer by layer, each prefill layer freed once copied; a
+   kept cache's data pointers stay fixed from call to call.
+3. **Decoded by a compiled forward**: transformers' own ``generate`` loop (its sampling, logits processors and
+   stopping) with ``disable_compile=False`` (TRL sets it True) and a ``CompileConfig`` whose backend counts
+   graphs compiled and steps run through them (:class:`DecodeStats`), so a silent fall back to eager is visible.
+   Positions (``rope_deltas``) and the 4-D mask are computed outside the graph by ``generate``: the step sees
+   ``input_ids (rows, 1)``, position ids, ``mm_token_type_ids``, the mask and the cache, in one graph. Within one
+   call, only the first step checks every dynamo guard (:meth:`CompiledDecoder._step`).
+
+Graphs: one per model mode (training generation runs the model in train mode, evaluation in eval mode) and per
+row count of a sampled call (training samples one count: TRL yields whole generation batches only); so a run with
+evaluation compiles 2-3. Anything beyond the first is counted in ``decode/recompiles``. A cache that must grow (a
+prompt longer than the recipe's worst case) or a call with more rows than planned is reallocated: one recompile,
+with a warning.
+
+CUDA graphs (``decode_cuda_graphs``, off by default) replay the whole step as one launch; they bake in the
+addresses of the weights and the cache. The cache keeps its addresses by construction (``keep_cache``, on
+whenever CUDA graphs are: the cache then stays allocated for the run, which the planner counts). Under ZeRO-3 with
+``ds3_gather_for_generation`` the weights are gathered into new buffers every step, so there the step is compiled
+without CUDA graphs (see :func:`decode_settings`). Without CUDA graphs the cache is allocated per call and freed
+after it: the memory a plan shows for eager decoding, within a few percent.
+
+Exactness: the step computes what the eager step computes (``tests/test_decode_compile.py``: the same greedy and
+same-seed sampled tokens in every family, fp32). In bf16 on a GPU a fused kernel may round differently, which can
+change which token is sampled, never the training math: the loss recomputes every log-prob from the tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DECODE_COMPILE_CHOICES = ("auto", "true", "false")
+BACKENDS = ("inductor", "aot_eager", "eager")
+CACHE_LEN_MULTIPLE = 64  # a cache sized from a call (not the recipe) is rounded up, so nearby widths share it
+
+
+def parse_decode_compile(value: Any, name: str = "decode_compile") -> str:
+    """``auto``, ``true`` or ``false`` from a YAML bool or a command-line string; anything else is an error."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = str(value).strip().lower()
+    text = {"1": "true", "yes": "true", "on": "true", "0": "false", "no": "false", "off": "false"}.get(
+        text, text
+    )
+    if text not in DECODE_COMPILE_CHOICES:
+        raise ValueError(
+            f"{name}: {value!r} is not one of auto, true, false (auto: on for CUDA, off elsewhere; true: also on "
+            "CPU, for tests; false: eager decoding)."
+        )
+    return text
+
+
+def decode_compile_on(value: str, device: torch.device | str) -> bool:
+    """Whether ``decode_compile`` (parsed) compiles on ``device``: ``auto`` means on CUDA only."""
+    if value == "auto":
+        return torch.device(device).type == "cuda"
+    return value == "true"
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How the step is compiled. ``cuda_graphs``: replay the step as one CUDA graph (inductor on CUDA only);
+    ``keep_cache``: the static cache stays allocated between calls (needed with CUDA graphs; default: as
+    ``cuda_graphs``); ``fullgraph``: the step must be one graph (False under ZeRO-3: DeepSpeed leaves a pre-forward
+    hook on the model during generation that dynamo will not trace; it then runs eagerly before the graph)."""
+
+    backend: str = "inductor"
+    cuda_graphs: bool = False
+    keep_cache: bool | None = None
+    fullgraph: bool = True
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"decode_compile_backend: {self.backend!r} is not one of {', '.join(BACKENDS)}.")
+        if self.cuda_graphs and self.backend != "inductor":
+            raise ValueError("decode_compile_backend: CUDA graphs need the inductor backend.")
+
+    @property
+    def persistent(self) -> bool:
+        return self.cuda_graphs if self.keep_cache is None else self.keep_cache
+
+
+def decode_settings(
+    backend: str,
+    device: torch.device | str,
+    zero_stage: int = 0,
+    gather_for_generation: bool = True,
+    cuda_graphs: bool = False,
+) -> tuple[DecodeSettings, str]:
+    """The settings for a run, and why, in one line for the log. ``cuda_graphs``: asked for
+    (``decode_cuda_graphs``); granted on CUDA with inductor, except under ZeRO-3.
+
+    CUDA graphs need every address the step reads to stay fixed. The cache's do, because it then stays allocated
+    for the run (:class:`CompiledDecoder`), which costs its bytes at every phase of the step: rows x the longest
+    prompt and answer x KV bytes per token, 20 GB per GPU for the TimeLens-8B preset; so they are asked for, not
+    default. The weights' addresses stay fixed too, except under ZeRO-3, where ``ds3_gather_for_generation``
+    gathers them into buffers allocated anew each step (measured on the CPU twin: ``tests/test_zero3_bf16.py``):
+    there the step is compiled without CUDA graphs, which keeps the kernel fusion and drops the one-launch replay."""
+    on_cuda = torch.device(device).type == "cuda"
+    fullgraph = zero_stage != 3
+    plain = DecodeSettings(backend, False, fullgraph=fullgraph)
+    if not cuda_graphs:
+        return plain, f"compiled ({backend}), without CUDA graphs (decode_cuda_graphs: false)"
+    if not on_cuda or backend != "inductor":
+        why = "not on CUDA" if not on_cuda else f"they need the inductor backend, not {backend}"
+        return plain, f"compiled ({backend}) without the CUDA graphs asked for: {why}"
+    if zero_stage == 3 and gather_for_generation:
+        return plain, (
+            "compiled (inductor) without the CUDA graphs asked for: ZeRO-3 gathers the weights into new "
+            "buffers each step"
+        )
+    return DecodeSettings(backend, True, fullgraph=fullgraph), "compiled (inductor) with CUDA graphs"
+
+
+@dataclass
+class DecodeStats:
+    """What the compiled path did: graphs compiled (the first, then every recompile), decode steps run through
+    a compiled graph, generate calls, and calls that fell back to eager after a failure."""
+
+    graphs: int = 0
+    compiled_steps: int = 0
+    calls: int = 0
+    fallbacks: int = 0
+    graph_keys: set = field(default_factory=set)  # (rows, cache length, train mode) of each call
+
+    @property
+    def recompiles(self) -> int:
+        """Graphs beyond the first: another model mode (evaluation runs the model in eval mode), another row count
+        of a sampled call, a reallocated cache."""
+        return max(0, self.graphs - 1)
+
+
+def _compile_graph(settings: DecodeSettings, graph, example_inputs):
+    """The backend's compiled callable for one traced graph."""
+    if settings.backend == "inductor":
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(graph, example_inputs, config_patches={"triton.cudagraphs": settings.cuda_graphs})
+    return torch._dynamo.lookup_backend(settings.backend)(graph, example_inputs)
+
+
+def _counting_backend(settings: DecodeSettings, stats: DecodeStats):
+    """A ``torch.compile`` backend (a plain function, so transformers' deep-copied ``CompileConfig`` compares equal
+    and its compiled call is reused) that counts graphs and the steps run through them."""
+
+    def backend(graph, example_inputs, **_):
+        stats.graphs += 1
+        compiled = _compile_graph(settings, graph, example_inputs)
+
+        def run(*args, **kwargs):
+            stats.compiled_steps += 1
+            return compiled(*args, **kwargs)
+
+        if hasattr(compiled, "_boxed_call"):  # how the caller hands over the inputs, as the backend said
+            run._boxed_call = compiled._boxed_call
+        return run
+
+    return backend
+
+
+class CompiledDecoder:
+    """One static cache and one compiled decode step for a model's generation calls (see the module doc).
+
+    ``rows``: rows of the largest generation call (None: the first call's); ``max_cache_len``: the longest
+    prompt plus the most new tokens (None: from the first call, rounded up to :data:`CACHE_LEN_MULTIPLE`)."""
+
+    def __init__(
+        self,
+        rows: int | None = None,
+        max_cache_len: int | None = None,
+        settings: DecodeSettings | None = None,
+    ) -> None:
+        from transformers import CompileConfig
+
+        self.rows = rows
+        self.max_cache_len = max_cache_len
+        self.settings = settings or DecodeSettings()
+        self.stats = DecodeStats()
+        self.cache = None  # the static cache of ``rows`` rows
+        self._views: dict[int, Any] = {}  # fewer rows: caches whose tensors are the first rows of ``cache``
+        self.enabled = True
+        self.last_call_compiled = False
+        self._compiled = None  # (model, its torch.compile'd __call__)
+        self._guards_checked = False
+        self.skip_guards = self.settings.fullgraph  # see _step
+        self.compile_config = CompileConfig(
+            fullgraph=self.settings.fullgraph,
+            dynamic=False,
+            backend=_counting_backend(self.settings, self.stats),
+            mode=None,
+        )
+        self.compile_config._compile_all_devices = True  # transformers compiles on CUDA only unless told
+
+    # -- the cache ------------------------------------------------------------------------------------------
+
+    def _allocate(self, model, prefill_cache) -> None:
+        """A fresh static cache (rows, heads, max_cache_len, head_dim); its layers get their tensors in
+        :meth:`fill`, one at a time, as the prefill's layers are freed (the two never coexist whole)."""
+        from transformers import StaticCache
+
+        cache = StaticCache(config=model.config, max_cache_len=self.max_cache_len)
+        if len(cache.layers) != len(prefill_cache.layers):
+            raise NotImplementedError(
+                f"decode_compile: the static cache has {len(cache.layers)} layers, the prefill's "
+                f"{len(prefill_cache.layers)}"
+            )
+        self.cache, self._views = cache, {self.rows: cache}
+
+    def cache_for(self, rows: int):
+        """The static cache of ``rows`` rows: the whole cache, or one whose tensors are its first ``rows`` rows
+        (views: the same addresses, so a sampled partial batch needs no copy and no padding)."""
+        if rows not in self._views:
+            self._views[rows] = _row_view(self.cache, rows)
+        return self._views[rows]
+
+    def data_pointers(self) -> list[int]:
+        """The data pointer of every tensor of the static cache (CUDA graphs need them fixed)."""
+        pointers = []
+        for layer in self.cache.layers if self.cache is not None else []:
+            for name in ("keys", "values", "cumulative_length"):
+                if getattr(layer, name, None) is not None:
+                    pointers.append(getattr(layer, name).data_ptr())
+            for states in (getattr(layer, "conv_states", {}), getattr(layer, "recurrent_states", {})):
+                pointers += [state.data_ptr() for state in states.values() if state is not None]
+        return pointers
+
+    def release(self) -> None:
+        """Drop the cache (it is allocated again on the next call)."""
+        self.cache, self._views = None, {}
+
+    def fill(self, model, prefill_cache, index: torch.Tensor, width: int, new_tokens: int):
+        """Copy row ``index[r]`` of ``prefill_cache`` (the prompts of ``width`` tokens but their last) into row ``r``
+        of the static cache, in place, making room for ``new_tokens``; returns the cache of ``len(index)`` rows.
+        The prefill's tensors are freed layer by layer as they are copied."""
+        rows, need = len(index), width + new_tokens
+        if self.cache is not None and (rows > self.rows or need > self.max_cache_len):
+            logger.warning(
+                f"decode_compile: a call needs {rows} rows x {need} positions, beyond the static cache's "
+                f"{self.rows} x {self.max_cache_len}; it is reallocated larger, and the step recompiles."
+            )
+            self.release()
+        if rows > (self.rows or 0) or need > (self.max_cache_len or 0):
+            self.rows = max(self.rows or 0, rows)
+            self.max_cache_len = max(self.max_cache_len or 0, _round_up(need, CACHE_LEN_MULTIPLE))
+        if self.cache is None:
+            self._allocate(model, prefill_cache)
+            if rows < self.rows:  # the views need every layer's tensors first
+                for static, dynamic in zip(self.cache.layers, prefill_cache.layers, strict=True):
+                    _init_layer(static, dynamic, self.rows)
+        cache = self.cache_for(rows)
+        for static, whole, dynamic in zip(cache.layers, self.cache.layers, prefill_cache.layers, strict=True):
+            if not _initialized(whole):
+                _init_layer(whole, dynamic, self.rows)
+            _fill_layer(static, dynamic, index, width - 1)
+        return cache
+
+    @contextlib.contextmanager
+    def _serving_step(self, model):
+        """Within the block, transformers' ``generate`` on ``model`` decodes with :meth:`_step` (it takes the
+        compiled call it cached for an equal ``CompileConfig``; the previous one is put back after)."""
+        if self._compiled is None or self._compiled[0] is not model:
+            self._compiled = (model, torch.compile(model.__call__, **self.compile_config.to_dict()))
+        saved = {
+            name: vars(model)[name]
+            for name in ("_compiled_call", "_last_compile_config")
+            if name in vars(model)
+        }
+        model._compiled_call, model._last_compile_config = self._step, self.compile_config
+        self._guards_checked = False
+        try:
+            yield
+        finally:
+            for name in ("_compiled_call", "_last_compile_config"):
+                vars(model).pop(name, None)
+            vars(model).update(saved)
+
+    def _step(self, *args, **kwargs):
+        """One decode step through the compiled forward. Dynamo checks its guards (every weight's and input's
+        shape, dtype, the model's mode...) before each call: at 36 layers that took a fifth of a compiled CPU step
+        (``video_grpo.bench.decode_step``). Within one ``generate`` call nothing they check changes from step to
+        step (the same rows, cache, weights and mode), so after the first step of a call has passed them all, the
+        others check only the guards that tell the cached graphs apart (``skip_guard_eval_unsafe``).
+
+        Not where the step is more than one graph (ZeRO-3: DeepSpeed's pre-forward hook runs between the two, and
+        on the ZeRO-3 CPU twin a later step of a call did need a recompile there). If dynamo finds a step that
+        needs one anyway, it refuses to compile in this stance; the step then runs with every guard, and so do
+        all later ones."""
+        _, compiled = self._compiled
+        if not self._guards_checked or not self.skip_guards:
+            output = compiled(*args, **kwargs)
+            self._guards_checked = True
+            return output
+        try:
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                return compiled(*args, **kwargs)
+        except RuntimeError as err:
+            if "skip_guard_eval_unsafe" not in str(err):
+                raise
+            self.skip_guards = False
+            logger.warning(
+                f"decode_compile: a step needed a recompile within a call; every step checks guards now ({err})"
+            )
+            return compiled(*args, **kwargs)
+
+    def turn_off(self, error: BaseException) -> None:
+        """After a failure of the compiled path before any step ran through it: eager decoding from now on."""
+        self.enabled = self.last_call_compiled = False
+        self.stats.fallbacks += 1
+        self.release()
+        logger.warning(
+            f"decode_compile: the compiled decode step failed ({type(error).__name__}: {error}); decoding eagerly "
+            "from now on (decode/compiled = 0). Set decode_compile: false to silence this."
+        )
+
+    # -- decoding -------------------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        model,
+        generate_fn,
+        prefill_cache,
+        index: torch.Tensor,
+        *,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mm_token_type_ids: torch.Tensor,
+        **kwargs: Any,
+    ):
+        """``generate_fn`` (the model's ``generate``) over the rows, each starting from row ``index[r]`` of
+        ``prefill_cache`` (which holds every prompt but its last token), through the compiled step.
+
+        A greedy call with fewer rows than the cache is padded to them (copies of its last row, whose answers are
+        dropped), so it reuses the graph. A sampled call is not: the padding rows would draw from the random
+        generator too and change every later token, so it decodes on the cache's first rows, and a new row count
+        compiles one more graph (training samples a fixed count: TRL yields whole generation batches only)."""
+        config = kwargs.get("generation_config") or model.generation_config
+        new_tokens = kwargs.get("max_new_tokens") or config.max_new_tokens
+        if new_tokens is None:
+            raise ValueError("decode_compile: generate needs max_new_tokens to size the static cache")
+        sampling = kwargs.get("do_sample", config.do_sample)
+        real = input_ids.shape[0]
+        rows = real if sampling else max(real, self.rows or real)
+        if rows > real:
+            pick = torch.cat([torch.arange(real), torch.full((rows - real,), real - 1)]).to(input_ids.device)
+            input_ids, attention_mask, mm_token_type_ids = (
+                input_ids[pick],
+                attention_mask[pick],
+                mm_token_type_ids[pick],
+            )
+            index = index[pick]
+        backbone = _backbone(model)
+        backbone.rope_deltas = backbone.rope_deltas[index]
+        cache = self.fill(model, prefill_cache, index, input_ids.shape[1], new_tokens)
+        del prefill_cache
+        self.stats.graph_keys.add((rows, self.max_cache_len, model.training))
+        self.stats.calls += 1
+        steps_before = self.stats.compiled_steps
+        language_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+        try:
+            with self._serving_step(language_model):
+                output = generate_fn(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    mm_token_type_ids=mm_token_type_ids,
+                    cache=cache,
+                    disable_compile=False,
+                    compile_config=self.compile_config,
+                    **kwargs,
+                )
+        finally:
+            del cache
+            if not self.settings.persistent:
+                self.release()
+        self.last_call_compiled = self.stats.compiled_steps > steps_before or _steps(output, input_ids) <= 1
+        return _take_rows(output, real) if rows > real else output
+
+
+def add_decode_arguments(parser) -> None:
+    """``--decode_compile`` and ``--decode_compile_backend`` for the tools that generate (evaluate run, curate)."""
+    parser.add_argument(
+        "--decode_compile",
+        type=parse_decode_compile,
+        default="auto",
+        help="decode from one static cache with a compiled step: auto (on CUDA), true, false (the same tokens)",
+    )
+    parser.add_argument(
+        "--decode_compile_backend",
+        choices=BACKENDS,
+        default="inductor",
+        help="torch.compile backend of the decode step (aot_eager/eager: no code generation, for tests)",
+    )
+    parser.add_argument(
+        "--decode_cuda_graphs",
+        type=lambda v: parse_decode_compile(v, "--decode_cuda_graphs") == "true",
+        default=False,
+        help="replay the compiled step as one CUDA graph (true/false; keeps the static cache allocated)",
+    )
+
+
+def evaluation_decoder(args, device, rows: int) -> CompiledDecoder | None:
+    """The decoder of ``evaluate run`` / ``curate`` (``args.decode_compile``), or None to decode eagerly: ``rows``
+    answers per generate call; its cache length is set by the caller from the recipe (else: the first call's)."""
+    value = parse_decode_compile(getattr(args, "decode_compile", "false"))
+    if not decode_compile_on(value, device):
+        return None
+    settings, why = decode_settings(
+        getattr(args, "decode_compile_backend", "inductor"),
+        device,
+        cuda_graphs=getattr(args, "decode_cuda_graphs", False),
+    )
+    logger.warning(f"decode_compile: {why}; a static cache of {rows} rows")
+    return CompiledDecoder(rows, None, settings)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _backbone(model):
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.model
+
+
+def _steps(output, input_ids: torch.Tensor) -> int:
+    sequences = output if isinstance(output, torch.Tensor) else output.sequences
+    return sequences.shape[1] - input_ids.shape[1]
+
+
+def _take_rows(output, real: int):
+    """The first ``real`` rows of ``generate``'s output (a tensor, or a dict output with per-step tuples)."""
+    if isinstance(output, torch.Tensor):
+        return output[:real]
+    for key, value in list(output.items()):
+        if isinstance(value, torch.Tensor):
+            output[key] = value[:real]
+        elif isinstance(value, tuple) and value and isinstance(value[0], torch.Tensor):
+            output[key] = tuple(step[:real] for step in value)
+    return output
+
+
+def _kind(layer) -> str:
+    """``attention``, ``linear`` (Gated DeltaNet states) or the class name of a layer this module cannot copy."""
+    from transformers.cache_utils import DynamicLayer, LinearAttentionLayer, StaticLayer
+
+    if type(layer) in (DynamicLayer, StaticLayer):
+        return "attention"
+    if type(layer) is LinearAttentionLayer:
+        return "linear"
+    return type(layer).__name__
+
+
+def _initialized(layer) -> bool:
+    if _kind(layer) == "attention":
+        return layer.is_initialized
+    return any(layer.is_conv_states_initialized.values()) or any(
+        layer.is_recurrent_states_initialized.values()
+    )
+
+
+def _init_layer(static, dynamic, rows: int) -> None:
+    """Allocate a static layer for ``rows`` rows with the prefill layer's heads, sizes, dtype and device."""
+    kinds = (_kind(static), _kind(dynamic))
+    if kinds == ("attention", "attention"):
+        keys, values = dynamic.keys, dynamic.values
+        static.lazy_initialization(
+            keys[:1].expand(rows, *keys.shape[1:]), values[:1].expand(rows, *values.shape[1:])
+        )
+    elif kinds == ("linear", "linear"):
+        for i in range(dynamic.number_of_states):
+            conv, recurrent = dynamic.conv_states[i], dynamic.recurrent_states[i]
+            static.lazy_initialization(
+                conv_states=None if conv is None else conv[:1].expand(rows, *conv.shape[1:]),
+                recurrent_states=None
+                if recurrent is None
+                else recurrent[:1].expand(rows, *recurrent.shape[1:]),
+                state_idx=i,
+                conv_kernel_size=dynamic.conv_kernel_size[i],
+            )
+    else:
+        raise NotImplementedError(
+            f"decode_compile: cannot copy a {kinds[1]} cache layer into a {kinds[0]} static layer"
+        )
+
+
+def _row_view(cache, rows: int):
+    """A cache whose layers hold the first ``rows`` rows of ``cache``'s tensors (views, marked as static addresses
+    as transformers marks its own), with their own write positions."""
+    import copy
+
+    view = copy.copy(cache)
+    view.layers = []
+    for layer in cache.layers:
+        part = copy.copy(layer)
+        if _kind(layer) == "attention":
+            part.keys, part.values = layer.keys[:rows], layer.values[:rows]
+            part.batch_size = rows
+            part.cumulative_length = layer.cumulative_length.clone()
+            tensors = [part.keys, part.values, part.cumulative_length]
+        else:
+            part.conv_states = {i: s if s is None else s[:rows] for i, s in layer.conv_states.items()}
+            part.recurrent_states = {
+                i: s if s is None else s[:rows] for i, s in layer.recurrent_states.items()
+            }
+            part.has_previous_state = dict(layer.has_previous_state)
+            tensors = [*part.conv_states.values(), *part.recurrent_states.values()]
+        for tensor in tensors:
+            if tensor is not None:
+                torch._dynamo.mark_static_address(tensor)
+        view.layers.append(part)
+    return view
+
+
+def _fill_layer(static, dynamic, index: torch.Tensor, length: int) -> None:
+    kind = _kind(static)
+    if kind == "attention":
+        static.keys[:, :, :length].copy_(dynamic.keys[index])
+        static.keys[:, :, length:].zero_()
+        static.values[:, :, :length].copy_(dynamic.values[index])
+        static.values[:, :, length:].zero_()
+        static.cumulative_length.fill_(length)
+        dynamic.keys = dynamic.values = None  # the prefill's copy is no longer needed
+    else:
+        for i in range(static.number_of_states):
+            if static.is_conv_states_initialized[i]:
+                static.conv_states[i].copy_(dynamic.conv_states[i][index])
+                dynamic.conv_states[i] = None
+            if static.is_recurrent_states_initialized[i]:
+                static.recurrent_states[i].copy_(dynamic.recurrent_states[i][index])
+                dynamic.recurrent_states[i] = None
+            static.has_previous_state[i] = True
