@@ -5,8 +5,8 @@
     python -m video_grpo.plan --config RECIPE.yaml --num_processes 8 --zero_stage 3 --gpu_memory_gb 48 --json
 
 No weights are loaded. The model's ``config.json`` comes from ``--model_config``, or from the recipe's
-``model_name_or_path`` when it is a local folder or in the Hugging Face cache (``configs/models/`` has the
-published configs of the supported models). The video is planned at the worst case the recipe allows, every answer
+``model_name_or_path`` when it is a local folder or in the Hugging Face cache, or else, for the supported models,
+from the published config shipped in ``configs/models/`` (said in one line on stderr). Nothing is downloaded. The video is planned at the worst case the recipe allows, every answer
 at ``max_completion_length``.
 
 Memory per GPU is given by phase (generation, old-policy/reference forwards, loss forward + backward, optimizer
@@ -24,8 +24,16 @@ import sys
 
 from video_grpo.plan.compute import GPUS
 from video_grpo.plan.fitting import suggestions
-from video_grpo.plan.recipe import GB, plan_recipe
+from video_grpo.plan.recipe import GB, Plan, plan_recipe
 from video_grpo.plan.report import report
+
+
+def plan_json(plan: Plan) -> dict:
+    """What ``--json`` prints: the plan's JSON, with the changes that fit when it does not."""
+    out = plan.as_json()
+    if plan.fits is False:
+        out["suggestions"] = [{"change": c, "peak_gb": round(p / GB, 3)} for c, p in suggestions(plan)]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,11 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if plan.source:
+        print(plan.source, file=sys.stderr)
     if args.json:
-        out = plan.as_json()
-        if plan.fits is False:
-            out["suggestions"] = [{"change": c, "peak_gb": round(p / GB, 3)} for c, p in suggestions(plan)]
-        print(json.dumps(out))
+        print(json.dumps(plan_json(plan)))
     else:
         print(report(plan))
     return 0

@@ -216,7 +216,7 @@ def vision_tower_cost(
     fake_parameters(visual, mode)
     visual.requires_grad_(grad)
     patches = grid[0] * grid[1] * grid[2]
-    pixels = torch.zeros(patches, shape.patch_values)  # float32, as the processor makes them
+    pixels = torch.zeros(patches, shape.patch_values, dtype=torch.float32)  # as the processor makes them
 
     def call(requires_grad: bool):
         # get_video_features casts the pixels to the tower's dtype before the tower runs, in every family

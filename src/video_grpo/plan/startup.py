@@ -35,7 +35,7 @@ def startup_plan(script_args, training_args, model_args) -> Plan:
     values = {}
     for arguments in (training_args, model_args, script_args):
         values.update({f.name: getattr(arguments, f.name) for f in dataclasses.fields(arguments)})
-    model_values = load_model_config(
+    model_values, source = load_model_config(
         model_args.model_name_or_path, None, model_args.model_revision, local_only=False
     )
     shape = read_model_shape(model_values)
@@ -46,7 +46,9 @@ def startup_plan(script_args, training_args, model_args) -> Plan:
     if torch.cuda.is_available():
         properties = torch.cuda.get_device_properties(torch.cuda.current_device())
         gpu = {"name": properties.name, "memory_gb": properties.total_memory / GB}
-    return make_plan(shape, work, gpu)
+    plan = make_plan(shape, work, gpu)
+    plan.source = source  # offline, a shipped model's architecture comes from configs/models/
+    return plan
 
 
 def log_startup_plan(script_args, training_args, model_args, logger) -> Plan | None:
@@ -57,6 +59,8 @@ def log_startup_plan(script_args, training_args, model_args, logger) -> Plan | N
     except Exception as err:  # noqa: BLE001 (a planner error is logged, never raised)
         logger.warning(f"plan: could not plan this run's memory ({type(err).__name__}: {err})")
         return None
+    if plan.source:
+        logger.warning(plan.source)
     logger.warning(plan.summary())  # warning level: the default log level shows it, as it does a resume
     if plan.fits is False:
         logger.warning(
