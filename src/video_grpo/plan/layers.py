@@ -30,7 +30,7 @@ class LayerCost:
     forward_peak: int = 0  # the most the forward with grad held at any moment
     backward_peak: int = 0  # the most its backward held over retained + the output's gradient
     param_grads: int = 0  # the gradients of its trainable parameters, which stay
-    nograd_peak: int = 0  # the most a forward without grad held (old policy, reference, prefill)
+    nograd_peak: int = 0  # the most a forward without grad held (old policy, reference, prefill; grad=False)
     output: int = 0  # the output alone
 
     def scaled(self, count: int) -> LayerCost:
@@ -52,11 +52,12 @@ def nbytes(tensor: torch.Tensor) -> int:
 def trace(
     call: Callable[[bool], torch.Tensor], parameters: list[torch.nn.Parameter], grad: bool
 ) -> LayerCost:
-    """Run ``call(requires_grad)`` (inputs made inside it) with and without grad, under a :class:`HalfFake` mode
-    already entered by the caller, and count."""
-    with torch.no_grad(), LiveBytes() as nograd:
-        call(False)
+    """Run ``call(requires_grad)`` (inputs made inside it) under a :class:`HalfFake` mode already entered by the
+    caller, and count: without ``grad``, a forward without grad; with it, a forward with grad and its backward
+    (the step's phases use a layer one way or the other, so each trace runs only what its phase needs)."""
     if not grad:
+        with torch.no_grad(), LiveBytes() as nograd:
+            call(False)
         return LayerCost(nograd_peak=nograd.peak)
     with LiveBytes() as forward:
         out = call(True)
@@ -67,7 +68,7 @@ def trace(
     grads = sum(nbytes(p.grad) for p in parameters if p.grad is not None)
     for p in parameters:
         p.grad = None
-    return LayerCost(retained, forward_peak, backward.peak, grads, nograd.peak, output)
+    return LayerCost(retained, forward_peak, backward.peak, grads, output=output)
 
 
 def _depth_one(shape: ModelShape, text_kind: str | None = None, full_vision_block: bool = True):
