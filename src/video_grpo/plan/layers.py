@@ -50,11 +50,14 @@ def nbytes(tensor: torch.Tensor) -> int:
 
 
 def trace(
-    call: Callable[[bool], torch.Tensor], parameters: list[torch.nn.Parameter], grad: bool
+    call: Callable[[bool], torch.Tensor],
+    parameters: list[torch.nn.Parameter],
+    grad: bool,
+    backward: bool = True,
 ) -> LayerCost:
     """Run ``call(requires_grad)`` (inputs made inside it) under a :class:`HalfFake` mode already entered by the
-    caller, and count: without ``grad``, a forward without grad; with it, a forward with grad and its backward
-    (the step's phases use a layer one way or the other, so each trace runs only what its phase needs)."""
+    caller, and count: without ``grad``, a forward without grad; with it, a forward with grad and, if
+    ``backward``, its backward (each trace runs only what the step's walk reads of it)."""
     if not grad:
         with torch.no_grad(), LiveBytes() as nograd:
             call(False)
@@ -63,12 +66,14 @@ def trace(
         out = call(True)
     out = out[0] if isinstance(out, tuple) else out
     retained, forward_peak, output = forward.current, forward.peak, nbytes(out)
-    with LiveBytes() as backward:
+    if not backward:
+        return LayerCost(retained, forward_peak, output=output)
+    with LiveBytes() as counted:
         out.backward(torch.empty_like(out))
     grads = sum(nbytes(p.grad) for p in parameters if p.grad is not None)
     for p in parameters:
         p.grad = None
-    return LayerCost(retained, forward_peak, backward.peak, grads, output=output)
+    return LayerCost(retained, forward_peak, counted.peak, grads, output=output)
 
 
 def _depth_one(shape: ModelShape, text_kind: str | None = None, full_vision_block: bool = True):
@@ -204,7 +209,8 @@ def vision_tower_cost(
     """The vision tower cut to one (frame-attention) block, with one DeepStack merger if ``deepstack``: its stem
     (patch embedding, positions) and merger come out as this minus :func:`vision_block_cost`, one DeepStack
     merger as the difference of the two. ``checkpointed``: the block under gradient checkpointing, which keeps
-    its inputs (hidden states and the rotary tables, once for every block) instead of what it saved."""
+    its inputs (hidden states and the rotary tables, once for every block) instead of what it saved. The walk
+    reads only what its forward keeps and its output, so its backward is not run."""
     mode = HalfFake()
     config = _depth_one(shape)
     if deepstack:
@@ -225,4 +231,4 @@ def vision_tower_cost(
         return out.pooler_output if not deepstack else torch.cat([out.pooler_output, *out.deepstack_features])
 
     with mode:
-        return trace(call, [p for p in visual.parameters() if p.requires_grad], grad)
+        return trace(call, [p for p in visual.parameters() if p.requires_grad], grad, backward=False)
