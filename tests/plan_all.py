@@ -1,7 +1,7 @@
 """Every shipped recipe planned as the planner's tests check it, in one call: what ``--json`` prints on the launch
 its header names, the GPUs it fits, its peak with ``shared_prefix`` and encode-once off, and the line saying which
-model config was used. tests/test_plan.py runs it once in a fresh process (as a user runs the planner) and once
-in-process after training steps, and compares the two to the byte.
+model config was used. tests/test_plan.py runs it once in a fresh process (as a user runs the planner), with the
+report of the command the docs show, and once in-process after training steps, and compares the two to the byte.
 
     python tests/plan_all.py '{"qwen3_5": "/tmp/tiny-qwen3_5", ...}'   # prints one JSON line
 """
@@ -33,9 +33,20 @@ def tiny_family(recipe: Path) -> str | None:
     return next((f for f in FAMILIES if f in recipe.stem), "qwen2_5_vl")
 
 
-def plan_all(tiny: dict[str, str]) -> dict[str, dict]:
+DOCUMENTED = [  # the command docs/planning.md shows first (no --model_config: the shipped config, offline)
+    "--config",
+    "configs/grpo/qwen2_5_vl_7b_charades.yaml",
+    "--accelerate_config",
+    "configs/accelerate/zero3.yaml",
+    "--gpu",
+    "h100-80gb",
+]
+
+
+def plan_all(tiny: dict[str, str], both_off: bool = True) -> dict[str, dict]:
     """recipe stem -> what the tests check of its plan. ``tiny``: family -> a tiny model folder of that family,
-    for the CPU recipes (planned on one CPU process of 24 GB)."""
+    for the CPU recipes (planned on one CPU process of 24 GB). ``both_off``: also the GPU recipes' peak with
+    ``shared_prefix`` and encode-once off (the docs' fit tables)."""
     from video_grpo.plan import GB, make_plan, plan_recipe, resolve_gpu
     from video_grpo.plan.cli import plan_json
     from video_grpo.plan.compute import GPUS
@@ -58,16 +69,33 @@ def plan_all(tiny: dict[str, str]) -> dict[str, dict]:
         launch = header["launch"] if header else "configs/accelerate/zero3.yaml"
         # no --model_config: the recipe's Hub model is one of configs/models/, used offline without being asked
         plan = plan_recipe(str(recipe), launch, gpu="h100-80gb")
-        off = make_plan(plan.shape, plan.work.replace(shared_prefix=False, encode_once=False), plan.gpu)
         out[recipe.stem] = {
             "json": plan_json(plan),
             "launch": launch,
             "source": plan.source,
             "fits": [g for g in GPUS if dataclasses.replace(plan, gpu=resolve_gpu(g, None)).fits],
-            "fit_table_gb": [round(plan.memory.peak / GB, 1), round(off.memory.peak / GB, 1)],
         }
+        if both_off:
+            off = make_plan(plan.shape, plan.work.replace(shared_prefix=False, encode_once=False), plan.gpu)
+            out[recipe.stem]["fit_table_gb"] = [
+                round(plan.memory.peak / GB, 1),
+                round(off.memory.peak / GB, 1),
+            ]
     return out
 
 
+def documented_report() -> dict[str, object]:
+    """What ``python -m video_grpo.plan`` with :data:`DOCUMENTED` prints (its exit code, stdout and stderr)."""
+    import contextlib
+    import io
+
+    from video_grpo.plan import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(DOCUMENTED)
+    return {"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+
+
 if __name__ == "__main__":
-    print(json.dumps(plan_all(json.loads(sys.argv[1]))))
+    print(json.dumps({"plans": plan_all(json.loads(sys.argv[1])), "report": documented_report()}))
