@@ -183,3 +183,63 @@ def test_the_layout_lists_every_module():
     expected |= {f"{p.name}/" for p in (SRC / "video_grpo").iterdir() if (p / "__init__.py").is_file()}
     assert not expected - listed, f"not in docs/internals.md's layout: {sorted(expected - listed)}"
     assert not {name for name in listed - expected if name.endswith(".py")}, "listed, but no such module"
+
+
+# A number the README states: a decimal (0.213, 46.0, 2.27) or a count with thousands separators (14,336), not part
+# of a version (2.14.1), a date or an identifier.
+README_NUMBER = re.compile(r"(?<![\w.,/@-])(\d+\.\d+|\d{1,3}(?:,\d{3})+)(?![\w.]*\d)(?![\w/-])")
+# a library's version ("TRL 1.16", "transformers 5.24's") is not a measurement
+VERSION = re.compile(r"\b(?:TRL|trl|torch|transformers|DeepSpeed|deepspeed|Python) (\d+\.\d+(?:\.\d+)?)")
+DOC_LINK = re.compile(r"\]\((docs/[\w.-]+\.md)(?:#[\w-]+)?\)")
+# stated on the front page from elsewhere than the docs: the pinned versions and the paper's arXiv id
+README_NUMBERS_FROM_ELSEWHERE = {"2512.14698"}
+
+
+def readme_claims() -> list[tuple[str, list[str], set[str]]]:
+    """(paragraph, its numbers, the docs pages it cites) for each README paragraph or table that states numbers. A
+    paragraph that cites no page (a table) takes the pages of the next paragraph that does, as a table's numbers are
+    explained and sourced right below it."""
+    blocks = [b for b in re.split(r"\n\s*\n", prose((REPO / "README.md").read_text())) if b.strip()]
+    claims = []
+    for index, block in enumerate(blocks):
+        numbers = [
+            n for n in README_NUMBER.findall(VERSION.sub("", block)) if n not in README_NUMBERS_FROM_ELSEWHERE
+        ]
+        if not numbers:
+            continue
+        cited = next((set(DOC_LINK.findall(b)) for b in blocks[index:] if DOC_LINK.search(b)), set())
+        claims.append((block, numbers, cited))
+    return claims
+
+
+def test_the_readme_numbers_appear_in_the_docs_they_cite():
+    """Every number on the front page is one its cited docs page gives (a range's ends included), so the README
+    cannot drift from the measured tables: the performance paragraph once kept the 1 + 1-layer ratios after the
+    full-depth ones were measured."""
+    claims = readme_claims()
+    assert len(claims) >= 6 and all(cited for _, _, cited in claims), [c[0][:80] for c in claims if not c[2]]
+    missing = {}
+    for block, numbers, cited in claims:
+        text = "\n".join((REPO / page).read_text() for page in cited)
+        found = set(README_NUMBER.findall(text))
+        absent = [n for n in numbers if n not in found]
+        if absent:
+            missing[block[:70]] = (sorted(cited), absent)
+    assert not missing, missing
+
+
+def test_the_readme_number_reader():
+    assert README_NUMBER.findall("0.213 of 2,048 tokens, 22.7–32.0 / 24.4, 46.0% (2.27×), 30.50 s") == [
+        "0.213",
+        "2,048",
+        "22.7",
+        "32.0",
+        "24.4",
+        "46.0",
+        "2.27",
+        "30.50",
+    ]
+    assert (
+        README_NUMBER.findall("torch 2.14.1, trl==1.16.0, arXiv 2512.14698v2, Qwen2.5-VL-3B, R1@0.5, 1 + 1")
+        == []
+    )

@@ -7,8 +7,9 @@ Rules (docs/internals.md, "Package layout"):
   neither (a training run needs no benchmark, tiny model or generated video);
 - ``video_grpo.toys`` imports product modules only, never ``video_grpo.bench``;
 - ``video_grpo.bench.emit`` imports no ``video_grpo`` module: it is the bottom every benchmark writes through;
-- a product module outside ``video_grpo.plan`` imports from the planner only ``video_grpo.plan.startup`` (the
-  start-up summary a training run logs);
+- a product module outside ``video_grpo.plan`` imports from the planner only :data:`PLAN_ENTRY_POINTS`
+  (``video_grpo.plan.startup``, the start-up summary and auto-fit; ``video_grpo.plan.live_memory``, the CPU plan
+  check's counter);
 - inside ``video_grpo.plan`` each module imports only the modules before it in :data:`PLAN_LAYERS`.
 """
 
@@ -22,7 +23,10 @@ from .conftest import REPO
 SRC = REPO / "src"
 NON_PRODUCT = ("video_grpo.bench", "video_grpo.toys")
 PLAN = "video_grpo.plan"
-PLAN_ENTRY_POINTS = {"video_grpo.plan.startup"}  # what the trainer needs of the planner
+PLAN_ENTRY_POINTS = {  # what the trainer needs of the planner
+    "video_grpo.plan.startup",  # the start-up summary, auto_fit and the plan a run checks itself against
+    "video_grpo.plan.live_memory",  # the CPU plan check counts live tensor bytes (video_grpo.memory_check)
+}
 PLAN_LAYERS = (  # the order a plan is made in (docs/internals.md lists them so)
     "workload",
     "model",
@@ -34,6 +38,7 @@ PLAN_LAYERS = (  # the order a plan is made in (docs/internals.md lists them so)
     "compute",
     "recipe",
     "fitting",
+    "autofit",  # the changes that keep the mathematics, chosen from fitting's ranking
     "report",
     "cli",
     "startup",
@@ -154,7 +159,9 @@ def test_the_product_reaches_the_planner_only_through_its_startup_summary():
         if is_product(module) and not in_package(module, PLAN)
     }
     assert not {module: targets for module, targets in wrong.items() if targets}
-    assert "video_grpo.plan.startup" in graph["video_grpo.grpo"]  # the rule's reader sees the one edge there is
+    assert (
+        "video_grpo.plan.startup" in graph["video_grpo.grpo"]
+    )  # the rule's reader sees the one edge there is
 
 
 def test_the_planner_modules_import_only_earlier_stages():

@@ -197,8 +197,8 @@ QWEN3_ADDED_TOKENS = {
 RECIPES = {
     "qwen2_5_vl": REPO / "configs/grpo/qwen2_5_vl_7b_charades.yaml",
     "qwen3_vl": REPO / "configs/grpo/qwen3_vl_8b_charades.yaml",
-    "qwen3_5": REPO / "configs/grpo/qwen3_vl_8b_charades.yaml",
-}  # same 32-px geometry, no Qwen3.5 recipe
+    "qwen3_5": REPO / "configs/grpo/qwen3_5_4b_charades.yaml",
+}  # each family's own recipe (Qwen3-VL's and Qwen3.5's share the 32-px geometry)
 # What the sampler makes of the 640x360 clip under those bounds, and the visual tokens that follow.
 EXPECTED = {
     "qwen2_5_vl": {"frame": (336, 588), "tokens": 4 * 12 * 21},

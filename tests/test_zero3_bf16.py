@@ -7,19 +7,25 @@ the bf16 CPU twin of ``configs/accelerate/zero3.yaml``. Each rank reports what i
 - every forward after generation (old policy, reference, loss) gives each prompt the 3-D positions
   generation gave it, and the same ``second_per_grid_ts`` (float32 on both sides);
 - the frozen tower runs exactly once per generation batch, on each rank;
-- an evaluation with uneven shards (3 queries, 2 ranks, batch size 1) finishes.
+- an evaluation with uneven shards (3 queries, 2 ranks, batch size 1) finishes;
+- the saved model's vision tower is unchanged and its language model trained.
+
+A second launch runs LoRA with gradient checkpointing and beta > 0 under ZeRO-3: an evaluation between steps, the
+adapter-off reference, the saved adapter and its merge into the base.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
+from safetensors.torch import load_file
 
 from .conftest import REPO
 from .launch_entry import ended_in_order
-from .test_launch import ENV, launch_command
+from .test_launch import ENV, changed, launch_command, load
 from .test_video_formats import ffmpeg
 
 pytestmark = pytest.mark.launch
@@ -146,6 +152,8 @@ def test_zero3_bf16_frozen_tower_time_encoder_and_uneven_eval(tiny_model_dir, tm
         assert probe["encoder_runs"]["eval"] == probe["generation_batches"]["eval"] + 2 * 2, probe
     assert probes[0]["encoder_runs"] == probes[1]["encoder_runs"]
     ended_in_order(out)  # both ranks left main with the process group torn down
+    initial, trained = load(tiny_model_dir), load(out)  # the frozen tower stayed, the language model trained
+    assert not changed(initial, trained, "vision") and changed(initial, trained, "language")
 
 
 def clip_task_args(folder) -> list[str]:
@@ -185,16 +193,29 @@ def test_sft_cold_start_sees_the_sampled_time_in_float32(tiny_model_dir, tmp_pat
     ended_in_order(out)
 
 
-def test_lora_checkpointing_zero3_trains_after_an_evaluation(tiny_model_dir, tmp_path):
+def test_lora_checkpointing_zero3_trains_after_an_evaluation_and_merges(tiny_model_dir, tmp_path):
     """PEFT + ZeRO-3 + gradient checkpointing needs use_reentrant=True (TRL forces it); the evaluation before the
-    second step must hand that setting back, or the backward after it runs with transformers' default."""
+    second step must hand that setting back, or the backward after it runs with transformers' default. With beta
+    > 0 the reference is the base with the adapter off (a KL is logged, no copy); the saved adapter holds only LoRA
+    weights, and ``video_grpo.merge_lora`` folds it into the base's language model (the vision tower untouched)."""
     out = tmp_path / "run"
     cmd = launch_command(
         "cpu/zero3.yaml",
         tiny_model_dir,
         out,
         *clip_task_args(tmp_path),
-        *("--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj"),
+        *(
+            "--use_peft",
+            "true",
+            "--lora_r",
+            "8",
+            "--lora_alpha",
+            "16",
+            "--lora_target_modules",
+            "q_proj",
+            "v_proj",
+        ),
+        *("--beta", "0.04", "--learning_rate", "1e-2"),
         *("--gradient_checkpointing", "true", "--per_device_train_batch_size", "4", "--num_generations", "2"),
         *("--max_completion_length", "16", "--eval_strategy", "steps", "--eval_steps", "1"),
         *("--per_device_eval_batch_size", "1", "--eval_grounding_samples", "2"),
@@ -205,4 +226,29 @@ def test_lora_checkpointing_zero3_trains_after_an_evaluation(tiny_model_dir, tmp
     assert result.returncode == 0, log[-6000:]
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert len([e for e in history if "eval_mIoU" in e]) == 2 and history[-1]["step"] == 2, history
+    assert any(
+        entry.get("kl") is not None for entry in history
+    )  # beta > 0: the adapter-off base is the reference
     ended_in_order(tmp_path / "ends")
+    adapter = load_file(out / "adapter_model.safetensors")
+    assert adapter and all("lora_" in name for name in adapter)
+    merged_dir = tmp_path / "merged"
+    merge = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "video_grpo.merge_lora",
+            "--adapter_dir",
+            str(out),
+            "--output_dir",
+            str(merged_dir),
+        ],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert merge.returncode == 0, merge.stderr[-3000:]
+    initial, merged = load(tiny_model_dir), load(merged_dir)
+    assert changed(initial, merged, "language")  # the LoRA delta is in the merged weights
+    assert not changed(initial, merged, "vision")  # LoRA targeted only the language model's q/v

@@ -150,6 +150,30 @@ class GRPOScriptArguments:
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N training records (for smoke runs)."}
     )
+    auto_fit: bool = field(
+        default=False,
+        metadata={
+            "help": "Before the model loads, apply the cheapest changes that keep the mathematics of every step "
+            "and make the planned peak fit the device (a smaller micro-batch with the same generation and optimizer "
+            "batches, gradient checkpointing, layer-by-layer gathering for generation under ZeRO-3), chosen by the "
+            "planner's ranking; stop when none fits. Writes output_dir/auto_fit.json. See docs/planning.md."
+        },
+    )
+    auto_fit_memory_gb: float | None = field(
+        default=None,
+        metadata={
+            "help": "The device memory auto_fit fits the run in, in GB (a GPU keeps video_grpo.plan.HEADROOM "
+            "free; a CPU run none). Default: this process's CUDA device; a CPU run must give it."
+        },
+    )
+    plan_check: bool | None = field(
+        default=None,
+        metadata={
+            "help": "After the first optimizer step, measure each phase's peak over the next step beside the "
+            "plan and write output_dir/plan_check.json (video_grpo.memory_check). None: on with CUDA "
+            "(torch.cuda.max_memory_allocated, free), off on the CPU (live tensor bytes, which slow the step)."
+        },
+    )
     video_fps: float = field(
         default=2.0, metadata={"help": "Frames sampled per second of video, before the frame and token caps."}
     )
@@ -252,6 +276,8 @@ class GRPOScriptArguments:
                 f"{self.video_min_pixels} is above video_max_pixels={self.video_max_pixels}; "
                 "lower video_min_pixels or raise video_max_pixels.",
             )
+        if self.auto_fit_memory_gb is not None and self.auto_fit_memory_gb <= 0:
+            fail("auto_fit_memory_gb", f"must be > 0 (GB), got {self.auto_fit_memory_gb}.")
         if not 0 <= self.max_bad_sample_fraction <= 1:
             fail("max_bad_sample_fraction", f"must be in [0, 1], got {self.max_bad_sample_fraction}.")
         from video_grpo.frame_cache import CACHE_FORMATS

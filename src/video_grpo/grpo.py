@@ -9,7 +9,9 @@ One YAML holds the fields of three dataclasses: ``GRPOScriptArguments`` (data, v
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
 
 import datasets
@@ -22,7 +24,8 @@ from video_grpo.configs import GRPOScriptArguments, validate_recipe
 from video_grpo.data import build_datasets
 from video_grpo.distributed import end_run, exit_process
 from video_grpo.families import family_of_model
-from video_grpo.plan.startup import log_startup_plan
+from video_grpo.memory_check import install_plan_check, wanted
+from video_grpo.plan.startup import check_plan, fit_run, log_startup_plan
 from video_grpo.rewards import resolve_reward_funcs
 from video_grpo.trainer import VideoGRPOTrainer
 
@@ -44,6 +47,11 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
     # Every check that needs no model: a bad recipe fails here, in seconds
     validate_recipe(script_args, training_args, model_args)
 
+    # auto_fit: the cheapest changes that keep the mathematics and make the plan fit the device, on every rank
+    # alike (the same plan from the same arguments); an error when none does, before the model loads
+    if script_args.auto_fit:
+        apply_auto_fit(script_args, training_args, model_args)
+
     # What the step will need per GPU (video_grpo.plan), before the model loads: logged, and a warning on CUDA
     # when it exceeds the device; never an error
     if training_args.process_index == 0:
@@ -57,6 +65,9 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
         logger.warning(f"Checkpoint detected, resuming training at {checkpoint}.")
 
     trainer = build_trainer(script_args, training_args, model_args)
+    on_cuda = trainer.accelerator.device.type == "cuda"
+    if training_args.process_index == 0 and wanted(script_args.plan_check, on_cuda):
+        install_check(script_args, training_args, model_args, trainer)
     state = trainer.accelerator.state
     zero_stage = state.deepspeed_plugin.zero_stage if state.deepspeed_plugin is not None else None
     logger.info(
@@ -76,6 +87,47 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
         trainer.processing_class.save_pretrained(training_args.output_dir)
     logger.info(f"Model saved to {training_args.output_dir}")
     end_run(trainer.accelerator)
+
+
+def apply_auto_fit(
+    script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args: ModelConfig
+) -> None:
+    """Fit the run to its device (``video_grpo.plan.autofit``): set the chosen ``GRPOConfig`` fields, write
+    ``output_dir/auto_fit.json`` and log it; raise, listing what else would fit, when no change that keeps the
+    mathematics does."""
+    result = fit_run(script_args, training_args, model_args)
+    if not result.fits:
+        raise ValueError(result.message())
+    generation_batch = training_args.generation_batch_size
+    for name, value in result.fields.items():
+        setattr(training_args, name, value)
+    if "gradient_checkpointing" in result.fields:  # transformers reads the new name; the old one mirrors it
+        training_args.activation_checkpointing = result.fields["gradient_checkpointing"]
+    # GRPOConfig derived the generation batch from the micro-batch when it was parsed; it must not move
+    rows = training_args.per_device_train_batch_size * training_args.world_size
+    if training_args.generation_batch_size != generation_batch or (
+        rows * training_args.steps_per_generation != generation_batch
+    ):
+        raise RuntimeError(f"auto_fit would change the generation batch ({result.fields}); please report it")
+    if training_args.process_index == 0:
+        record = result.as_json()
+        os.makedirs(training_args.output_dir, exist_ok=True)
+        with open(os.path.join(training_args.output_dir, "auto_fit.json"), "w") as f:
+            json.dump(record, f, indent=2)
+        logger.warning(result.summary())
+        logger.warning(f"auto_fit.json: {json.dumps(record)}")
+
+
+def install_check(
+    script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args: ModelConfig, trainer
+) -> None:
+    """The plan check (``video_grpo.memory_check``) on this rank; a plan that cannot be made only skips it."""
+    try:
+        plan = check_plan(script_args, training_args, model_args)
+    except Exception as err:  # noqa: BLE001 (a planner error is logged, never raised)
+        logger.warning(f"plan check: skipped, the step could not be planned ({type(err).__name__}: {err})")
+        return
+    install_plan_check(trainer, plan, training_args.output_dir)
 
 
 def build_trainer(

@@ -183,29 +183,30 @@ def _column(kwargs: dict, name: str, n: int) -> list:
     return list(values) if values is not None else [None] * n
 
 
-def iou_reward(completions: list, solution: list, **kwargs) -> list[float]:
-    """Temporal IoU of the answered span (clipped to the video) with ``solution``; 0 if unparsable."""
+def _span_iou_rewards(
+    parse: Callable[[object], tuple[float, float] | None], completions: list, solution: list, kwargs: dict
+) -> list[float]:
+    """Temporal IoU of each completion's span, read by ``parse`` and clipped to the video, with ``solution``; 0
+    when ``parse`` finds no span."""
     durations = _column(kwargs, "duration", len(completions))
     rewards = []
     for completion, gt, duration in zip(completions, solution, durations, strict=True):
-        span = parse_span(completion)
+        span = parse(completion)
         rewards.append(
             0.0 if span is None else temporal_iou(_clip(span, duration), (float(gt[0]), float(gt[1])))
         )
     return rewards
+
+
+def iou_reward(completions: list, solution: list, **kwargs) -> list[float]:
+    """Temporal IoU of the answered span (clipped to the video) with ``solution``; 0 if unparsable."""
+    return _span_iou_rewards(parse_span, completions, solution, kwargs)
 
 
 def iou_answer_only_reward(completions: list, solution: list, **kwargs) -> list[float]:
     """TimeLens's reward: temporal IoU of the answer-only span (:func:`parse_answer_only`), clipped to the video,
     with ``solution``; 0 if no span. No tags are needed, so pair it with no ``format`` reward."""
-    durations = _column(kwargs, "duration", len(completions))
-    rewards = []
-    for completion, gt, duration in zip(completions, solution, durations, strict=True):
-        span = parse_answer_only(completion)
-        rewards.append(
-            0.0 if span is None else temporal_iou(_clip(span, duration), (float(gt[0]), float(gt[1])))
-        )
-    return rewards
+    return _span_iou_rewards(parse_answer_only, completions, solution, kwargs)
 
 
 def iou_dist_reward(completions: list, solution: list, **kwargs) -> list[float]:

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
+from video_grpo.bench.peak_memory import PeakMemory
 from video_grpo.bench.qwen_widths import QWEN_TOKENS, REFERENCE, REPO
 
 SAMPLE_VIDEO_INDEX = 0
@@ -123,3 +126,31 @@ def answer_logps(model, batch: dict, shared: bool) -> tuple[torch.Tensor, int]:
         logits = model.lm_head(hidden[scored]).float()
         logps = torch.log_softmax(logits, -1).gather(-1, labels[scored][:, None]).squeeze(-1)
     return logps, int(inputs["input_ids"].numel())
+
+
+def timed_group_step(model, batch: dict, shared: bool, device: str = "cpu", steps: int = 2) -> dict:
+    """``steps`` loss forward + backward passes of ``batch`` (loss = the answer tokens' mean log-prob), with the
+    gradients resident before the first, as in training. Memory is the first step's added peak; time the faster
+    step (this machine is shared)."""
+    for parameter in model.parameters():
+        parameter.grad = torch.zeros_like(parameter)
+    timings, memory, positions = [], None, 0
+    for _ in range(steps):
+        with PeakMemory(device) as step_memory:
+            started = time.perf_counter()
+            logps, positions = answer_logps(model, batch, shared)
+            (-logps.mean()).backward()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            timings.append(time.perf_counter() - started)
+        memory = memory or step_memory
+        del logps
+    return {
+        "seconds": min(timings),
+        "step_seconds": timings,
+        "peak_added_mb": memory.added_mb,
+        "positions": positions,
+        "prompt_tokens": batch["prompt_tokens"],
+        "answers": batch["answers"],
+        "visual_tokens": batch["visual_tokens"],
+    }

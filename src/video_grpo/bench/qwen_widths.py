@@ -136,16 +136,25 @@ def model_config(widths: str, text_layers: int = 1, vision_layers: int = 1):
 
 
 def build_model(config, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """A random-weight Qwen2.5-VL of ``config``, with Qwen's reference position layout, scored as the trainer
+    scores (see :func:`scoring_model`)."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     from video_grpo import positions
-    from video_grpo.encoder import install
 
     positions.install()
+    return scoring_model(Qwen2_5_VLForConditionalGeneration, config, device, dtype)
+
+
+def scoring_model(model_class, config, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """A random-weight ``model_class`` of ``config`` (seed 0) that scores a group as the trainer does: the vision
+    tower once per video on both sides, and TRL's fused, chunked LM head (never the full logits)."""
+    from video_grpo.encoder import install
+
     torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype).to(device)
-    install(model)  # the vision tower runs once per video on both sides
-    try:  # the trainer's scoring: TRL's fused, chunked LM head (never the full logits)
+    model = model_class._from_config(config, dtype=dtype).to(device)
+    install(model)
+    try:
         from trl.trainer.utils import add_fused_lm_head
     except ImportError:
         model.fused_head = False

@@ -33,8 +33,8 @@ import time
 import torch
 
 from video_grpo.bench.emit import emit
-from video_grpo.bench.group_scoring import answer_logps, group_inputs
-from video_grpo.bench.peak_memory import PeakMemory, in_fresh_process
+from video_grpo.bench.group_scoring import answer_logps, group_inputs, timed_group_step
+from video_grpo.bench.peak_memory import in_fresh_process
 from video_grpo.bench.qwen_widths import WIDTHS, build_model, model_config
 from video_grpo.bench.sdpa_kernel import sdpa_kernel_rows
 from video_grpo.bench.shared_prefix_depth import full_depth_rows
@@ -48,30 +48,8 @@ def train_step(setting: dict) -> dict:
     )
     model = build_model(config, device, dtype)
     batch = group_inputs(config, setting["visual_tokens"], setting["G"], device=device)
-    for parameter in model.parameters():  # gradients are resident before the step, as in training
-        parameter.grad = torch.zeros_like(parameter)
-    timings, memory = [], None
-    for _ in range(2):  # memory from the first step; time: the faster of the two (this machine is shared)
-        with PeakMemory(device) as step_memory:
-            started = time.perf_counter()
-            logps, positions = answer_logps(model, batch, setting["shared"])
-            (-logps.mean()).backward()
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            timings.append(time.perf_counter() - started)
-        memory = memory or step_memory
-        del logps
-    return {
-        "seconds": min(timings),
-        "step_seconds": timings,
-        "peak_added_mb": memory.added_mb,
-        "positions": positions,
-        "prompt_tokens": batch["prompt_tokens"],
-        "answers": batch["answers"],
-        "visual_tokens": batch["visual_tokens"],
-        "config": origin,
-        "prompt_source": batch["prompt_source"],
-    }
+    step = timed_group_step(model, batch, setting["shared"], device)
+    return {**step, "config": origin, "prompt_source": batch["prompt_source"]}
 
 
 def run_side(setting: dict) -> dict:

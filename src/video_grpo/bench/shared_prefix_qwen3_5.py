@@ -20,13 +20,12 @@ Called by ``python -m video_grpo.bench perf`` (rows ``lm_positions_per_forward_q
 from __future__ import annotations
 
 import json
-import time
 
 import torch
 
-from video_grpo.bench.group_scoring import answer_logps
-from video_grpo.bench.peak_memory import PeakMemory, in_fresh_process
-from video_grpo.bench.qwen_widths import REPO
+from video_grpo.bench.group_scoring import timed_group_step
+from video_grpo.bench.peak_memory import in_fresh_process
+from video_grpo.bench.qwen_widths import REPO, scoring_model
 
 PUBLISHED = REPO / "configs" / "models" / "qwen3_5_4b.json"
 NARROW_TEXT = {  # "narrow": the same layer pattern, small enough for a CPU's memory (the plain side of the 4B
@@ -73,19 +72,7 @@ def model_config(widths: str = "4b", linear_layers: int = 3, vision_layers: int 
 def build_model(config, device: str = "cpu", dtype: torch.dtype = torch.float32):
     from transformers import Qwen3_5ForConditionalGeneration
 
-    from video_grpo.encoder import install
-
-    torch.manual_seed(0)
-    model = Qwen3_5ForConditionalGeneration._from_config(config, dtype=dtype).to(device)
-    install(model)  # the vision tower runs once per video on both sides
-    try:  # the trainer's scoring: TRL's fused, chunked LM head
-        from trl.trainer.utils import add_fused_lm_head
-    except ImportError:
-        model.fused_head = False
-    else:
-        add_fused_lm_head(model)
-        model.fused_head = True
-    return model
+    return scoring_model(Qwen3_5ForConditionalGeneration, config, device, dtype)
 
 
 def group_inputs(config, visual_tokens: int, group_size: int, device: str = "cpu") -> dict:
@@ -181,29 +168,8 @@ def train_step(setting: dict) -> dict:
     config, origin = model_config(setting["widths"])
     model = build_model(config, device, dtype)
     batch = group_inputs(config, setting["visual_tokens"], setting["G"], device=device)
-    for parameter in model.parameters():  # gradients are resident before the step, as in training
-        parameter.grad = torch.zeros_like(parameter)
-    timings, memory = [], None
-    for _ in range(setting.get("steps", 2)):
-        with PeakMemory(device) as step_memory:
-            started = time.perf_counter()
-            logps, positions = answer_logps(model, batch, setting["shared"])
-            (-logps.mean()).backward()
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            timings.append(time.perf_counter() - started)
-        memory = memory or step_memory
-        del logps
-    return {
-        "seconds": min(timings),
-        "step_seconds": timings,
-        "peak_added_mb": memory.added_mb,
-        "positions": positions,
-        "prompt_tokens": batch["prompt_tokens"],
-        "answers": batch["answers"],
-        "visual_tokens": batch["visual_tokens"],
-        "config": origin,
-    }
+    step = timed_group_step(model, batch, setting["shared"], device, setting.get("steps", 2))
+    return {**step, "config": origin}
 
 
 def train_rows(emit, widths: str, visual_tokens: int, group_size: int, steps: int = 2, **device) -> None:

@@ -12,8 +12,11 @@ Modules, in the order a plan is made (each imports only those above it):
 - :mod:`~video_grpo.plan.compute`: FLOPs per phase, the GPU table, seconds per phase;
 - :mod:`~video_grpo.plan.recipe`: a recipe's :class:`Plan` and its verdict;
 - :mod:`~video_grpo.plan.fitting`: the changes that would make it fit;
+- :mod:`~video_grpo.plan.autofit`: the cheapest of them that keep the mathematics, which a run applies itself
+  (``auto_fit: true``);
 - :mod:`~video_grpo.plan.report`, :mod:`~video_grpo.plan.cli`: the printed report and the command;
-- :mod:`~video_grpo.plan.startup`: the one-line plan a training run logs (the trainer's only entry point).
+- :mod:`~video_grpo.plan.startup`: the one-line plan a training run logs, its auto-fit and the plan its plan check
+  compares with (the trainer's entry point; :mod:`~video_grpo.plan.live_memory` is the CPU plan check's counter).
 """
 
 from video_grpo.plan.cli import main

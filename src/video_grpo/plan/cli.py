@@ -14,6 +14,8 @@ step) and by category, with the peak, its phase and its largest category, and a 
 :data:`HEADROOM` free. When it does not fit, the cheapest changes that would are listed with their new peak.
 Compute is given as FLOPs per phase and, for a named GPU, seconds per phase at stated efficiencies.
 ``--gpu cpu`` plans one CPU process with no headroom: what the tests and benchmarks measure.
+``--auto_fit`` prints what ``auto_fit: true`` would change in a training run on that GPU
+(:mod:`video_grpo.plan.autofit`), before renting it.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ import argparse
 import json
 import sys
 
+from video_grpo.plan.autofit import auto_fit
 from video_grpo.plan.compute import GPUS
 from video_grpo.plan.fitting import suggestions
 from video_grpo.plan.recipe import GB, Plan, plan_recipe
 from video_grpo.plan.report import report
+from video_grpo.plan.workload import recipe_values
 
 
 def plan_json(plan: Plan) -> dict:
@@ -54,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         "--model_config", help="the model's config.json (or its folder), for offline planning"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of the report")
+    parser.add_argument(
+        "--auto_fit",
+        action="store_true",
+        help="print what auto_fit: true would change to fit the GPU (needs --gpu or --gpu_memory_gb)",
+    )
     args = parser.parse_args(argv)
     try:
         plan = plan_recipe(
@@ -70,6 +79,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if plan.source:
         print(plan.source, file=sys.stderr)
+    if args.auto_fit:
+        if plan.gpu is None:
+            print("error: --auto_fit needs a device: --gpu or --gpu_memory_gb", file=sys.stderr)
+            return 2
+        values = recipe_values(args.config)
+        fitted = auto_fit(plan, values["loss_type"], values.get("top_entropy_quantile", 1.0))
+        print(json.dumps(fitted.as_json()) if args.json else fitted.summary())
+        return 0
     if args.json:
         print(json.dumps(plan_json(plan)))
     else:

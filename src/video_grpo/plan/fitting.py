@@ -10,23 +10,24 @@ from video_grpo.plan.workload import Workload
 
 def alternatives(work: Workload) -> list[tuple[str, str, Workload]]:
     """(kind, change, workload) to try, cheapest first: those that change nothing learned, then those that
-    change the run's speed, then what is trained, then the data."""
+    change the run's speed, then what is trained, then the data. The kinds :mod:`video_grpo.plan.autofit` may
+    apply by itself are in its ``MATH_PRESERVING``."""
     options: list[tuple[str, str, Workload]] = []
     if not work.gradient_checkpointing:
         options.append(
             ("checkpointing", "gradient_checkpointing: true", work.replace(gradient_checkpointing=True))
         )
     if work.micro_batch_rows > 1 and work.micro_batch_rows % 2 == 0:
+        # the same generation batch and optimizer batch, in micro-batches half the size: steps_per_generation
+        # doubles with the accumulation (TRL derives the generation batch from the micro-batch otherwise)
         rows, accumulation = work.micro_batch_rows // 2, work.gradient_accumulation * 2
+        steps_per_generation = 2 * work.generation_rows // work.micro_batch_rows
         options.append(
             (
                 "micro-batch",
-                f"per_device_train_batch_size: {rows}, gradient_accumulation_steps: {accumulation}",
-                work.replace(
-                    micro_batch_rows=rows,
-                    generation_rows=max(rows, work.generation_rows // 2),
-                    gradient_accumulation=accumulation,
-                ),
+                f"per_device_train_batch_size: {rows}, gradient_accumulation_steps: {accumulation}, "
+                f"steps_per_generation: {steps_per_generation}",
+                work.replace(micro_batch_rows=rows, gradient_accumulation=accumulation),
             )
         )
     if work.zero_stage < 3:
@@ -69,6 +70,11 @@ def alternatives(work: Workload) -> list[tuple[str, str, Workload]]:
 def suggestions(plan: Plan, limit: int = 5) -> list[tuple[str, float]]:
     """(change, new peak in bytes) for the changes that make the recipe fit, cheapest first. When no single change
     fits, pairs and then triples of them are tried, the cheapest combinations first."""
+    return [(change, peak) for _, change, peak in fitting_combinations(plan, limit)]
+
+
+def fitting_combinations(plan: Plan, limit: int = 5) -> list[tuple[tuple[str, ...], str, float]]:
+    """:func:`suggestions` with the kinds (as :func:`alternatives` names them) each combination is made of."""
     options = alternatives(plan.work)
     for size in (1, 2, 3):
         fitting = []
@@ -76,18 +82,19 @@ def suggestions(plan: Plan, limit: int = 5) -> list[tuple[str, float]]:
             itertools.combinations(range(len(options)), size), key=lambda combo: (sum(combo), combo)
         )
         for combo in combos:
-            work, names = plan.work, []
+            work, names, kinds = plan.work, [], []
             for index in combo:
                 kind = options[index][0]
                 option = next(((c, w) for k, c, w in alternatives(work) if k == kind), None)
                 if option is None:
                     break
                 names.append(option[0])
+                kinds.append(kind)
                 work = option[1]
             else:
                 new = make_plan(plan.shape, work, plan.gpu)
                 if new.fits:
-                    fitting.append((" + ".join(names), new.memory.peak))
+                    fitting.append((tuple(kinds), " + ".join(names), new.memory.peak))
             if len(fitting) == limit:
                 break
         if fitting:

@@ -66,7 +66,7 @@ def trace(
         out = call(True)
     out = out[0] if isinstance(out, tuple) else out
     retained, forward_peak, output = forward.current, forward.peak, nbytes(out)
-    if not backward:
+    if not backward or not out.requires_grad:  # not read, or nothing trains and its input needs no gradient
         return LayerCost(retained, forward_peak, output=output)
     with LiveBytes() as counted:
         out.backward(torch.empty_like(out))
@@ -97,7 +97,12 @@ def _model(config, dtype: torch.dtype, lora_rank: int, lora_targets: tuple[str, 
     if lora_rank:
         from peft import LoraConfig, get_peft_model
 
-        targets = list(lora_targets or DEFAULT_LORA_TARGETS)
+        names = {name.rpartition(".")[2] for name, _ in model.named_modules()}
+        targets = [t for t in (lora_targets or DEFAULT_LORA_TARGETS) if t in names]
+        if (
+            not targets
+        ):  # this layer kind has none of them (Qwen3.5's Gated DeltaNet): frozen, as PEFT leaves it
+            return model.requires_grad_(False)
         model = get_peft_model(
             model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules=targets)
         )

@@ -13,7 +13,7 @@ Only storages made inside the block are counted; what existed before it (weights
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -50,6 +50,12 @@ class LiveBytes(TorchDispatchMode):
             if isinstance(value, torch.Tensor):
                 self._track(value, inputs)
         return out
+
+    def adopt(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Count tensors made before the block (weights, optimizer states, a buffered batch) as live from now on,
+        until their storage is freed: the block's ``current`` and ``peak`` then hold them too."""
+        for tensor in tensors:
+            self._track(tensor, set())
 
     def _track(self, tensor: torch.Tensor, inputs: set[int]) -> None:
         if self.device_type is not None and tensor.device.type != self.device_type:

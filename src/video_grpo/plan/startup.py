@@ -1,10 +1,15 @@
 """The plan of the run being started, logged in one line before the model loads: the planner's one entry point
-for the trainer (``video_grpo.grpo``)."""
+for the trainer (``video_grpo.grpo``). It also fits the run to its device (``auto_fit``,
+:mod:`video_grpo.plan.autofit`) and plans the step a run checks itself against (``plan_check``,
+:mod:`video_grpo.memory_check`)."""
 
 from __future__ import annotations
 
+import functools
+
+from video_grpo.plan.autofit import FitResult, auto_fit
 from video_grpo.plan.model import load_model_config, read_model_shape
-from video_grpo.plan.recipe import GB, Plan, make_plan
+from video_grpo.plan.recipe import GB, Plan, make_plan, resolve_gpu
 from video_grpo.plan.workload import workload_from_recipe
 
 
@@ -23,9 +28,32 @@ def launch_from_environment() -> dict:
     }
 
 
-def startup_plan(script_args, training_args, model_args) -> Plan:
+def run_device(training_args, memory_gb: float | None = None) -> dict | None:
+    """The device a run is planned for: one CPU process (no headroom; CPU kernels) when it runs on the CPU, else a
+    GPU of ``memory_gb`` when given (a user planning for another card), else this process's CUDA device, else
+    None (no verdict)."""
+    import torch
+
+    if training_args.use_cpu or not torch.cuda.is_available():
+        return resolve_gpu("cpu", memory_gb) if memory_gb is not None else None
+    if memory_gb is not None:
+        return resolve_gpu(None, memory_gb)
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {"name": properties.name, "memory_gb": properties.total_memory / GB}
+
+
+@functools.lru_cache(maxsize=4)
+def model_of_run(name: str, revision: str | None) -> tuple:
+    """(config values, :class:`ModelShape`, the note when a shipped config stood in) of the run's model, read once
+    per process: the planner caches its layer traces per shape object, so the start-up summary, auto-fit's
+    candidates and the plan check share them."""
+    model_values, source = load_model_config(name, None, revision, local_only=False)
+    return model_values, read_model_shape(model_values), source
+
+
+def startup_plan(script_args, training_args, model_args, gpu: dict | None = None) -> Plan:
     """The plan of the run being started, from its parsed arguments and the launch's environment. On CUDA it is
-    checked against this process's GPU."""
+    checked against this process's GPU, or against ``gpu`` when given (:func:`run_device`)."""
     import dataclasses
 
     import torch
@@ -35,20 +63,45 @@ def startup_plan(script_args, training_args, model_args) -> Plan:
     values = {}
     for arguments in (training_args, model_args, script_args):
         values.update({f.name: getattr(arguments, f.name) for f in dataclasses.fields(arguments)})
-    model_values, source = load_model_config(
-        model_args.model_name_or_path, None, model_args.model_revision, local_only=False
-    )
-    shape = read_model_shape(model_values)
+    model_values, shape, source = model_of_run(model_args.model_name_or_path, model_args.model_revision)
     work = workload_from_recipe(
         values, shape.family, launch_from_environment(), stateful_text=bool(unforkable_layers(model_values))
     )
-    gpu = None
-    if torch.cuda.is_available():
+    if gpu is None and torch.cuda.is_available():
         properties = torch.cuda.get_device_properties(torch.cuda.current_device())
         gpu = {"name": properties.name, "memory_gb": properties.total_memory / GB}
     plan = make_plan(shape, work, gpu)
     plan.source = source  # offline, a shipped model's architecture comes from configs/models/
     return plan
+
+
+def fit_run(script_args, training_args, model_args) -> FitResult:
+    """Auto-fit (:func:`video_grpo.plan.autofit.auto_fit`) of the run being started, against its device
+    (``auto_fit_memory_gb``, else this process's GPU). A CPU run needs ``auto_fit_memory_gb``."""
+    gpu = run_device(training_args, script_args.auto_fit_memory_gb)
+    if gpu is None:
+        raise ValueError(
+            "auto_fit_memory_gb: not set, and this run has no CUDA device to read its memory from; give the "
+            "memory to fit in GB (e.g. --auto_fit_memory_gb 0.12 for a tiny CPU run), or set auto_fit: false."
+        )
+    plan = startup_plan(script_args, training_args, model_args, gpu)
+    unavailable = {}
+    if training_args.deepspeed:  # TrainingArguments filled that JSON's batch sizes when it was parsed
+        unavailable["micro-batch"] = (
+            "a smaller micro-batch: the DeepSpeed JSON given with --deepspeed already holds the batch sizes "
+            "(launch with an accelerate config instead, or change them in both)"
+        )
+    quantile = getattr(training_args, "top_entropy_quantile", 1.0)
+    return auto_fit(plan, training_args.loss_type, quantile, unavailable)
+
+
+def check_plan(script_args, training_args, model_args) -> Plan:
+    """The plan a run's measured step is compared with (``plan_check``): the CPU kernels' plan on the CPU, this
+    process's GPU's on CUDA."""
+    gpu = run_device(training_args, None)
+    if gpu is None:  # the CPU: planned as one CPU process, whatever the memory
+        gpu = resolve_gpu("cpu", None)
+    return startup_plan(script_args, training_args, model_args, gpu)
 
 
 def log_startup_plan(script_args, training_args, model_args, logger) -> Plan | None:
@@ -66,6 +119,7 @@ def log_startup_plan(script_args, training_args, model_args, logger) -> Plan | N
         logger.warning(
             f"plan: the estimated peak ({plan.memory.peak / GB:.1f} GB in {plan.memory.peak_phase}) exceeds "
             f"{plan.usable_bytes / GB:.1f} GB usable on this GPU; see `python -m video_grpo.plan --config ...` for "
-            "changes that fit. Training goes on: the estimate may be wrong."
+            "changes that fit, or set auto_fit: true to apply the cheapest changes that keep the mathematics "
+            "(docs/planning.md). Training goes on: the estimate may be wrong."
         )
     return plan
