@@ -46,9 +46,12 @@ def shipped_model_configs() -> dict[str, Path]:
 
 
 def _shipped_list() -> str:
+    """What the shipped folder holds, for an error message."""
     shipped = shipped_model_configs()
     if not shipped:
-        return f"no {MODEL_CONFIGS}/ folder was found (run from the repository root)"
+        return (
+            f"no {MODEL_CONFIGS}/ folder was found beside the package or here (run from the repository root)"
+        )
     return f"{MODEL_CONFIGS}/ has " + ", ".join(f"{path.name} ({model})" for model, path in shipped.items())
 
 
@@ -87,9 +90,13 @@ def load_model_config(
     except (OSError, ValueError, KeyError) as err:
         shipped = shipped_model_configs().get(model)
         if shipped is None:
+            reason = str(err).splitlines()[0]
+            fallback = (
+                "it is not one of the shipped model configs" if shipped_model_configs() else "none shipped"
+            )
             raise ValueError(
-                f"cannot read the config of {model!r} without downloading ({str(err).splitlines()[0]}); it is not one of the shipped "
-                f"model configs ({_shipped_list()}). Pass --model_config with the model's config.json."
+                f"cannot read the config of {model!r} without downloading ({reason}), and {fallback}: "
+                f"{_shipped_list()}. Pass --model_config with the model's config.json."
             ) from err
     note = (
         f"plan: {model}'s architecture from {MODEL_CONFIGS}/{shipped.name}, shipped with video_grpo "
