@@ -42,3 +42,26 @@ def family_model(tmp_path_factory):
         return built[family]
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def transformers_left_as_found():
+    """Fail a test that leaves transformers' loading patches in place. ``from_pretrained`` swaps
+    ``PreTrainedModel.tie_weights`` / ``init_weights`` for no-ops (and sets torch's default dtype) while it loads
+    and puts back what it found; two loads at once in threads can leave the no-op, and every model built later in
+    the process is then untied (it moved a plan by 2.4 GB once, see docs/planning.md)."""
+    import sys
+
+    import torch
+
+    yield
+    utils = sys.modules.get("transformers.modeling_utils")
+    if utils is None:
+        return
+    model = utils.PreTrainedModel
+    for name in ("tie_weights", "init_weights"):
+        found = getattr(model, name).__qualname__
+        assert found == f"PreTrainedModel.{name}", f"this test left PreTrainedModel.{name} patched ({found})"
+    assert torch.get_default_dtype() == torch.float32, (
+        f"this test left the default dtype {torch.get_default_dtype()}"
+    )

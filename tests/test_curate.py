@@ -286,7 +286,7 @@ def test_sampling_over_two_processes_ends_in_order(tiny_model_dir, tmp_path):
     assert [end["returned"] for end in ended_in_order(ends)] == [0, 0]
 
 
-def test_a_late_rank_splits_the_same_work(tiny_model_dir, tmp_path):
+def test_a_late_rank_splits_the_same_work(tiny_model_dir, tmp_path, monkeypatch):
     """Each rank lists what is already answered, then takes its share. A rank that starts after another has
     begun writing must still see the list as it was: here rank 1 starts only once rank 0 has either finished or
     is waiting for it. On 047d11c rank 0 wrote its 3 answers first, rank 1 saw them as done and split a shorter
@@ -310,6 +310,19 @@ def test_a_late_rank_splits_the_same_work(tiny_model_dir, tmp_path):
         temperature=1.0,
     )
     barrier, errors = threading.Barrier(2, timeout=300), []
+    # The ranks are threads here, and transformers' from_pretrained is not thread-safe: while loading it swaps
+    # PreTrainedModel.tie_weights for a no-op and puts back what it found, so two loads at once can leave the no-op
+    # in place, and every model built later in this process comes out untied (it moved the planner's Qwen3.5 plan
+    # by 2.4 GB in the suite; transformers PR #44940). Real ranks are processes; here the loads take turns.
+    from transformers import AutoModelForImageTextToText
+
+    load, one_at_a_time = AutoModelForImageTextToText.from_pretrained, threading.Lock()
+
+    def load_in_turn(*args, **kwargs):
+        with one_at_a_time:
+            return load(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForImageTextToText, "from_pretrained", load_in_turn)
 
     def rank(index: int) -> None:
         state = SimpleNamespace(

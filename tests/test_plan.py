@@ -1,6 +1,7 @@
-"""The planner (``video_grpo.plan``): the command on every shipped recipe, the GPU class each recipe's header says it
-fits, the plan against a live-tensor measurement of the same step (where a wrong formula fails), the measurement
-itself against real tensors, and the start-up summary."""
+"""The planner (``video_grpo.plan``): the command on every shipped recipe, offline with the shipped model configs,
+the GPU class each recipe's header says it fits and the docs' fit tables (all from one fresh process), the same
+plans made in-process after training steps, the plan against a live-tensor measurement of the same step (where a
+wrong formula fails), the measurement itself against real tensors, and the start-up summary."""
 
 from __future__ import annotations
 
@@ -15,60 +16,81 @@ import torch
 import yaml
 
 from video_grpo.plan import main, plan_recipe, suggestions
+from video_grpo.plan.model import shipped_model_configs
 from video_grpo.plan.workload import worst_case_video
 
 from .conftest import REPO
+from .plan_all import DOCUMENTED, FAMILIES, HEADER, RECIPES, plan_all, tiny_family
 
-RECIPES = sorted((REPO / "configs" / "grpo").glob("*.yaml"))
-PUBLISHED = {  # model id -> its published config.json in configs/models
-    "Qwen/Qwen2.5-VL-3B-Instruct": "qwen2_5_vl_3b_instruct.json",
-    "Qwen/Qwen2.5-VL-7B-Instruct": "qwen2_5_vl_7b_instruct.json",
-    "Qwen/Qwen3-VL-4B-Instruct": "qwen3_vl_4b_instruct.json",
-    "Qwen/Qwen3-VL-8B-Instruct": "qwen3_vl_8b_instruct.json",
-    "Qwen/Qwen3.5-4B": "qwen3_5_4b.json",
-}
+GPU_RECIPES = [r for r in RECIPES if tiny_family(r) is None]
 KEYS = {"peak_gb", "fits", "phase", "by_phase_gb", "by_category_gb", "flops_by_phase", "time_s_by_phase"}
 
 
-def model_config(recipe, family_model) -> tuple[str, dict]:
-    """The config.json to plan a recipe with, and the fields to override: the published file for a Hub model; a
-    tiny model built here for the CPU recipes (their model is made by `make demo`)."""
-    model = (yaml.safe_load(recipe.read_text()) or {}).get("model_name_or_path")
-    if model in PUBLISHED:
-        return str(REPO / "configs" / "models" / PUBLISHED[model]), {}
-    if model is None:  # a recipe that starts from another run's output (TempSamp-R1's second stage)
-        return str(REPO / "configs" / "models" / PUBLISHED["Qwen/Qwen2.5-VL-7B-Instruct"]), {}
-    family = next((f for f in ("qwen3_5", "qwen3_vl", "qwen2_5_vl") if f in recipe.stem), "qwen2_5_vl")
-    tiny = family_model(family)
-    return str(tiny / "config.json"), {"model_name_or_path": str(tiny)}
+@pytest.fixture(scope="module")
+def fresh_plans(family_model):
+    """Every shipped recipe planned in ONE fresh process (tests/plan_all.py), as a user runs the planner; started
+    in the background at the first test that asks, read when a test needs it. ``fresh_plans()["plans"]``: recipe
+    stem -> what plan_all gives; ``fresh_plans()["report"]``: the documented command's output."""
+    tiny = {family: str(family_model(family)) for family in FAMILIES}
+    process = subprocess.Popen(
+        [sys.executable, "tests/plan_all.py", json.dumps(tiny)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    planned: dict = {}
+
+    def get() -> dict:
+        if not planned:
+            out, err = process.communicate(timeout=1800)
+            assert process.returncode == 0, err[-3000:]
+            planned.update(json.loads(out.strip().splitlines()[-1]))
+        return planned
+
+    yield get
+    if process.poll() is None:
+        process.kill()
+        process.communicate()
 
 
-def gpu_recipe(recipe) -> bool:
-    """A recipe for GPUs: a published model (or a previous run of one), not a tiny CPU model."""
-    model = (yaml.safe_load(recipe.read_text()) or {}).get("model_name_or_path")
-    return model is None or model in PUBLISHED
+def test_a_plan_is_a_function_of_its_inputs(fresh_plans, family_model, train_file, tmp_path):
+    """Every shipped recipe planned in this process, after a tiny trainer of each family was built and stepped
+    here, equals the fresh-process plan to the byte (grpo.main plans in-process, the command in a fresh one). In
+    the suite a test's threads once left transformers' weight tying switched off and the Qwen3.5 plan grew by
+    2.4 GB (docs/planning.md); the planner now refuses such a process, and conftest fails the test that leaks."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+
+    from video_grpo.data import build_dataset
+
+    from .test_families import sampling_for
+    from .test_trainer import make_trainer
+
+    # the fixture started the fresh process: it plans while this one trains
+    for family in FAMILIES:
+        data = build_dataset(train_file, sampling=sampling_for(family))
+        trainer = make_trainer(family_model(family), data, tmp_path / family, beta=0.04)
+        trainer.train()
+        assert trainer.state.global_step == 1
+    assert hasattr(Qwen3_5GatedDeltaNet.forward, "__wrapped__")  # the packed Qwen3.5 step installed the fork
+    here = plan_all({family: str(family_model(family)) for family in FAMILIES}, both_off=False)
+    fresh = {
+        name: {key: value for key, value in planned.items() if key != "fit_table_gb"}
+        for name, planned in fresh_plans()["plans"].items()
+    }
+    assert set(here) == set(fresh) == {r.stem for r in RECIPES}
+    moved = [name for name in here if json.dumps(here[name]) != json.dumps(fresh[name])]
+    assert not moved, {name: {"here": here[name]["json"], "fresh": fresh[name]["json"]} for name in moved}
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
-def test_the_command_plans_every_shipped_recipe(recipe, family_model, capsys):
-    config, overrides = model_config(recipe, family_model)
-    if overrides:  # a CPU recipe: one process, with its own tiny model
-        plan = plan_recipe(str(recipe), gpu="cpu", gpu_memory_gb=24, model_config=config, overrides=overrides)
-        assert plan.fits and plan.memory.peak > 0 and plan.flops["loss"] > 0
+def test_the_command_plans_every_shipped_recipe(recipe, fresh_plans):
+    """What `python -m video_grpo.plan --json` prints for every recipe: a GPU recipe on the launch its header names
+    and an H100, with no --model_config; a CPU recipe on one CPU process with its tiny model."""
+    out = fresh_plans()["plans"][recipe.stem]["json"]
+    if tiny_family(recipe) is not None:
+        assert out["fits"] and out["peak_gb"] > 0 and out["flops_by_phase"]["loss"] > 0
         return
-    code = main(
-        [
-            "--config",
-            str(recipe),
-            "--accelerate_config",
-            "configs/accelerate/zero3.yaml",
-            "--gpu",
-            "h100-80gb",
-        ]
-        + ["--model_config", config, "--json"]
-    )
-    assert code == 0
-    out = json.loads(capsys.readouterr().out)
     assert out.keys() >= KEYS
     assert out["peak_gb"] == max(out["by_phase_gb"].values()) and out["phase"] in out["by_phase_gb"]
     assert set(out["by_phase_gb"]) == {"generation", "old_and_reference", "loss", "optimizer"}
@@ -76,19 +98,58 @@ def test_the_command_plans_every_shipped_recipe(recipe, family_model, capsys):
     assert all(seconds >= 0 for seconds in out["time_s_by_phase"].values()) and out["fits"] in (True, False)
 
 
-def test_the_report_reads_as_documented():
-    """The command the issue names prints the breakdown, the verdict and the time per phase."""
-    result = subprocess.run(
-        [sys.executable, "-m", "video_grpo.plan", "--config", "configs/grpo/qwen2_5_vl_7b_charades.yaml"]
-        + ["--accelerate_config", "configs/accelerate/zero3.yaml", "--gpu", "h100-80gb"]
-        + ["--model_config", "configs/models/qwen2_5_vl_7b_instruct.json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
+def test_a_shipped_model_is_planned_offline_without_being_named(fresh_plans):
+    """Each GPU recipe names a Hub model; offline, with no --model_config, its config comes from configs/models/
+    (configs/models/index.json maps the id to the file), and one line says so."""
+    shipped = shipped_model_configs()
+    assert shipped and all(path.is_file() for path in shipped.values())
+    for recipe in GPU_RECIPES:
+        model = yaml.safe_load(recipe.read_text())["model_name_or_path"]
+        source = fresh_plans()["plans"][recipe.stem]["source"]
+        assert source.startswith(
+            f"plan: {model}'s architecture from configs/models/{shipped[model].name},"
+        ), (
+            recipe.name,
+            source,
+        )
+
+
+def test_a_wrong_or_unknown_model_config_names_the_shipped_files(tmp_path, capsys):
+    """A wrong guess at --model_config says the file does not exist; a model that is not shipped names the files
+    and the flag. Both list the shipped files."""
+    recipe = "configs/grpo/timelens_qwen2_5_vl_7b.yaml"
+    assert main(["--config", recipe, "--model_config", "configs/models/qwen2_5_vl_7b.json"]) == 2
+    err = capsys.readouterr().err
+    assert "configs/models/qwen2_5_vl_7b.json: no such file" in err and "qwen2_5_vl_7b_instruct.json" in err
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text(
+        (REPO / recipe).read_text().replace("Qwen/Qwen2.5-VL-7B-Instruct", "Example/Unknown-VL-7B")
     )
-    assert result.returncode == 0, result.stderr[-2000:]
-    text = result.stdout
+    assert main(["--config", str(unknown)]) == 2
+    err = capsys.readouterr().err
+    assert "'Example/Unknown-VL-7B'" in err and "--model_config" in err
+    assert all(path.name in err for path in shipped_model_configs().values()), err
+
+
+def test_the_models_readme_lists_the_index():
+    """configs/models/README.md's table and index.json (what the planner reads) name the same files for the same
+    models."""
+    table = re.findall(
+        r"^\| `([\w.]+\.json)` \| ([\w./-]+) \|", (REPO / "configs/models/README.md").read_text(), re.M
+    )
+    assert {model: name for name, model in table} == {m: p.name for m, p in shipped_model_configs().items()}
+
+
+def test_the_report_reads_as_documented(fresh_plans):
+    """The command docs/planning.md shows first (run in the fresh process) prints the breakdown, the verdict and
+    the time per phase; offline and with no --model_config, it says on stderr which shipped config it planned."""
+    result = fresh_plans()["report"]
+    assert result["code"] == 0, result["stderr"][-2000:]
+    note = "plan: Qwen/Qwen2.5-VL-7B-Instruct's architecture from configs/models/qwen2_5_vl_7b_instruct.json"
+    assert [line for line in result["stderr"].splitlines() if line.startswith("plan:")] == [
+        note + ", shipped with video_grpo (--model_config to plan another)"
+    ]
+    text = result["stdout"]
     for expected in (
         "memory per GPU",
         "kv cache",
@@ -99,42 +160,25 @@ def test_the_report_reads_as_documented():
         " s\n",
     ):
         assert expected in text, (expected, text)
-
-
-def in_fresh_process(code: str, *args: str, timeout: int = 600):
-    """Run planner ``code`` in a new interpreter, as a user runs the planner (in the full suite an earlier test's
-    process state once moved a plan), and return the JSON its last line prints."""
-    result = subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    assert "python -m video_grpo.plan " + " ".join(DOCUMENTED) in " ".join(
+        (REPO / "docs/planning.md").read_text().replace("\\\n", " ").split()
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-HEADER = re.compile(r"^# Plan: fits (?P<gpus>[\w, -]+) with (?P<launch>configs/accelerate/\S+\.yaml)", re.M)
-
-
-@pytest.mark.parametrize("recipe", [r for r in RECIPES if gpu_recipe(r)], ids=lambda r: r.stem)
-def test_each_gpu_recipe_fits_the_class_its_header_names(recipe, family_model):
+@pytest.mark.parametrize("recipe", GPU_RECIPES, ids=lambda r: r.stem)
+def test_each_gpu_recipe_fits_the_class_its_header_names(recipe, fresh_plans):
     """Every GPU recipe's header names the GPUs it fits (`# Plan: fits a, b with configs/accelerate/X.yaml`); the
-    planner, on the published config, agrees: each named GPU fits and each GPU of the table left out does not."""
+    planner, on the published config (planned on that launch in the fresh process), agrees: each named GPU fits
+    and each GPU of the table left out does not."""
     from video_grpo.plan.compute import GPUS
 
     match = HEADER.search(recipe.read_text())
     assert match, f"{recipe.name}: no '# Plan: fits <gpus> with configs/accelerate/<launch>.yaml' header line"
-    config, overrides = model_config(recipe, family_model)
     named = {g.strip() for g in match["gpus"].split(",")}
     assert named <= set(GPUS), f"{recipe.name}: unknown GPUs {named - set(GPUS)} in its header"
-    # in a fresh process, as a user runs the planner: in the full suite an earlier test's process state moved the
-    # Qwen3.5 recipe's plan (20.2 GB, 0.2 GB under the 24 GB class's limit) over that limit; cause not yet found
-    code = (
-        "import dataclasses, json, sys\n"
-        "from video_grpo.plan import plan_recipe, resolve_gpu\n"
-        "from video_grpo.plan.compute import GPUS\n"
-        "plan = plan_recipe(sys.argv[1], sys.argv[2], model_config=sys.argv[3], overrides=json.loads(sys.argv[4]))\n"
-        "print(json.dumps([g for g in GPUS if dataclasses.replace(plan, gpu=resolve_gpu(g, None)).fits]))\n"
-    )
-    fitting = set(in_fresh_process(code, str(recipe), match["launch"], config, json.dumps(overrides)))
+    planned = fresh_plans()["plans"][recipe.stem]
+    assert planned["launch"] == match["launch"]
+    fitting = set(planned["fits"])
     assert fitting == named, f"{recipe.name}: fits {sorted(fitting)}; its header names {sorted(named)}"
 
 
@@ -143,10 +187,10 @@ FIT_ROW = re.compile(
 )
 
 
-def test_the_fit_tables_in_the_docs_match_the_planner():
+def test_the_fit_tables_in_the_docs_match_the_planner(fresh_plans):
     """README's "Will it fit?" and planning.md's recipe table give each GPU recipe's peak per GPU, as shipped and with
-    `shared_prefix` and encode-once off; both columns are what the planner says now (they once drifted: the "off"
-    column had been filled with `shared_prefix` alone off)."""
+    `shared_prefix` and encode-once off, on the launch its header names; both columns are what the planner says
+    now (they once drifted: the "off" column had been filled with `shared_prefix` alone off)."""
     rows = {}
     for doc in ("README.md", "docs/planning.md"):
         found = {
@@ -157,28 +201,13 @@ def test_the_fit_tables_in_the_docs_match_the_planner():
             assert rows.setdefault(name, numbers) == numbers, (
                 f"{doc}: {name} {numbers}, the other doc {rows[name]}"
             )
-    recipes = {r.stem: r for r in RECIPES if gpu_recipe(r)}
-    assert set(rows) <= set(recipes), f"unknown recipes in the fit tables: {set(rows) - set(recipes)}"
-    code = (
-        "import json, sys\n"
-        "from video_grpo.plan import GB, make_plan, plan_recipe\n"
-        "out = {}\n"
-        "for recipe, launch, config in json.loads(sys.argv[1]):\n"
-        "    plan = plan_recipe(recipe, launch, gpu='h100-80gb', model_config=config)\n"
-        "    off = make_plan(plan.shape, plan.work.replace(shared_prefix=False, encode_once=False), plan.gpu)\n"
-        "    out[recipe] = [round(plan.memory.peak / GB, 1), round(off.memory.peak / GB, 1)]\n"
-        "print(json.dumps(out))\n"
-    )
-    jobs = []
-    for name in rows:
-        recipe = recipes[name]
-        launch = HEADER.search(recipe.read_text())["launch"]
-        jobs.append([str(recipe), launch, model_config(recipe, None)[0]])
-    planned = in_fresh_process(code, json.dumps(jobs), timeout=1200)
+    recipes = {r.stem for r in GPU_RECIPES}
+    assert set(rows) <= recipes, f"unknown recipes in the fit tables: {set(rows) - recipes}"
+    planned = fresh_plans()["plans"]
     wrong = {
-        name: {"docs": rows[name], "planner": planned[str(recipes[name])]}
+        name: {"docs": rows[name], "planner": planned[name]["fit_table_gb"]}
         for name in rows
-        if list(rows[name]) != planned[str(recipes[name])]
+        if list(rows[name]) != planned[name]["fit_table_gb"]
     }
     assert not wrong, f"fit tables out of date (GB as shipped, GB with both off): {wrong}"
 
@@ -207,15 +236,20 @@ def test_the_worst_case_video_of_a_recipe():
 
 
 def test_the_plan_matches_a_measured_step():
-    """A small grid at narrow widths (512 wide, the real 152k vocabulary), each step measured on live tensor bytes
-    and FlopCounterMode (video_grpo.bench.plan_measure): the peak within 10%, every category within 15%, FLOPs
-    within 5%. A formula that forgot a term (the head's tiles, a mask, the optimizer's states) fails here."""
+    """The quick grid of `bench plan --quick` at narrow widths (512 wide, the real 152k vocabulary), each step
+    measured on live tensor bytes and FlopCounterMode (video_grpo.bench.plan_measure): the peak within 10%, every
+    category within 15%, FLOPs within 5%. A formula that forgot a term (the head's tiles, a mask, the optimizer's
+    states) fails here. Its cells run at half the grid's video and answers (256 visual tokens, 16 answer tokens),
+    at half its cost: each cell still takes its path and holds the same categories above the 2% floor."""
     from video_grpo.bench.plan_check import CATEGORY_GOAL, FLOPS_GOAL, PEAK_GOAL, compare, grid, within
 
     for widths, depth, settings in grid(quick=True):
+        if settings["visual_tokens"] == 512:
+            settings = {**settings, "visual_tokens": 256, "answer_tokens": 16}
         result = compare(widths, depth, **settings)
         cell = result["cell"]
         assert within(result["peak_ratio"], PEAK_GOAL), (cell, result["peak_ratio"], result["phase_ratios"])
+        assert len(result["category_ratios"]) >= 3, (cell, result)  # weights, states or activations, the head
         assert all(within(v, CATEGORY_GOAL) for v in result["category_ratios"].values()), (cell, result)
         assert all(within(v, FLOPS_GOAL) for v in result["flops_ratios"].values()), (cell, result)
         assert set(result["flops_ratios"]) >= {"generation", "loss"}
@@ -262,6 +296,39 @@ def test_the_startup_summary_is_logged_and_warns_when_over(tiny_model_dir, caplo
     with caplog.at_level(logging.INFO, logger="test_plan"):
         plan = log_startup_plan(script_args, training_args, model_args, logger)
     assert plan.fits is False and "exceeds" in caplog.text and "Training goes on" in caplog.text
+
+
+def test_the_startup_summary_says_when_it_planned_a_shipped_config(caplog):
+    """Offline (as the tests run), a run of a Hub model shipped in configs/models/ is planned from that file, and
+    the summary says so in one line."""
+    from video_grpo.grpo import parse_args
+    from video_grpo.plan import log_startup_plan
+
+    args = parse_args(
+        ["--config", "configs/grpo/demo_tiny.yaml", "--model_name_or_path", "Qwen/Qwen2.5-VL-3B-Instruct"]
+    )
+    with caplog.at_level(logging.INFO, logger="test_plan"):
+        plan = log_startup_plan(*args, logging.getLogger("test_plan"))
+    assert plan is not None and plan.shape.params > 3e9
+    assert (
+        "Qwen/Qwen2.5-VL-3B-Instruct's architecture from configs/models/qwen2_5_vl_3b_instruct.json"
+        in caplog.text
+    )
+
+
+def test_a_process_with_weight_tying_switched_off_is_refused(monkeypatch):
+    """A from_pretrained in another thread can leave transformers' tie_weights a no-op for the whole process; a
+    tied model built then has its output projection apart, and the plan would count it twice. The planner
+    refuses instead, naming the cause."""
+    from transformers.modeling_utils import PreTrainedModel
+
+    from video_grpo.plan.model import load_model_config, read_model_shape
+
+    config, _ = load_model_config("Qwen/Qwen2.5-VL-3B-Instruct")  # tied embeddings
+    assert read_model_shape(config).tied
+    monkeypatch.setattr(PreTrainedModel, "tie_weights", lambda self, *args, **kwargs: None)
+    with pytest.raises(RuntimeError, match="lm_head.weight apart .* weight tying is switched off"):
+        read_model_shape(config)
 
 
 def test_a_plan_that_cannot_be_made_never_stops_training(caplog):

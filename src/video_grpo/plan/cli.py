@@ -5,8 +5,8 @@
     python -m video_grpo.plan --config RECIPE.yaml --num_processes 8 --zero_stage 3 --gpu_memory_gb 48 --json
 
 No weights are loaded. The model's ``config.json`` comes from ``--model_config``, or from the recipe's
-``model_name_or_path`` when it is a local folder or in the Hugging Face cache (``configs/models/`` has the
-published configs of the supported models). The video is planned at the worst case the recipe allows, every answer
+``model_name_or_path`` when it is a local folder or in the Hugging Face cache, or else, for the supported models,
+from the published config shipped in ``configs/models/`` (said in one line on stderr). Nothing is downloaded. The video is planned at the worst case the recipe allows, every answer
 at ``max_completion_length``.
 
 Memory per GPU is given by phase (generation, old-policy/reference forwards, loss forward + backward, optimizer
@@ -27,9 +27,17 @@ import sys
 from video_grpo.plan.autofit import auto_fit
 from video_grpo.plan.compute import GPUS
 from video_grpo.plan.fitting import suggestions
-from video_grpo.plan.recipe import GB, plan_recipe
+from video_grpo.plan.recipe import GB, Plan, plan_recipe
 from video_grpo.plan.report import report
 from video_grpo.plan.workload import recipe_values
+
+
+def plan_json(plan: Plan) -> dict:
+    """What ``--json`` prints: the plan's JSON, with the changes that fit when it does not."""
+    out = plan.as_json()
+    if plan.fits is False:
+        out["suggestions"] = [{"change": c, "peak_gb": round(p / GB, 3)} for c, p in suggestions(plan)]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if plan.source:
+        print(plan.source, file=sys.stderr)
     if args.auto_fit:
         if plan.gpu is None:
             print("error: --auto_fit needs a device: --gpu or --gpu_memory_gb", file=sys.stderr)
@@ -78,10 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(fitted.as_json()) if args.json else fitted.summary())
         return 0
     if args.json:
-        out = plan.as_json()
-        if plan.fits is False:
-            out["suggestions"] = [{"change": c, "peak_gb": round(p / GB, 3)} for c, p in suggestions(plan)]
-        print(json.dumps(out))
+        print(json.dumps(plan_json(plan)))
     else:
         print(report(plan))
     return 0

@@ -30,7 +30,7 @@ class LayerCost:
     forward_peak: int = 0  # the most the forward with grad held at any moment
     backward_peak: int = 0  # the most its backward held over retained + the output's gradient
     param_grads: int = 0  # the gradients of its trainable parameters, which stay
-    nograd_peak: int = 0  # the most a forward without grad held (old policy, reference, prefill)
+    nograd_peak: int = 0  # the most a forward without grad held (old policy, reference, prefill; grad=False)
     output: int = 0  # the output alone
 
     def scaled(self, count: int) -> LayerCost:
@@ -50,26 +50,30 @@ def nbytes(tensor: torch.Tensor) -> int:
 
 
 def trace(
-    call: Callable[[bool], torch.Tensor], parameters: list[torch.nn.Parameter], grad: bool
+    call: Callable[[bool], torch.Tensor],
+    parameters: list[torch.nn.Parameter],
+    grad: bool,
+    backward: bool = True,
 ) -> LayerCost:
-    """Run ``call(requires_grad)`` (inputs made inside it) with and without grad, under a :class:`HalfFake` mode
-    already entered by the caller, and count."""
-    with torch.no_grad(), LiveBytes() as nograd:
-        call(False)
+    """Run ``call(requires_grad)`` (inputs made inside it) under a :class:`HalfFake` mode already entered by the
+    caller, and count: without ``grad``, a forward without grad; with it, a forward with grad and, if
+    ``backward``, its backward (each trace runs only what the step's walk reads of it)."""
     if not grad:
+        with torch.no_grad(), LiveBytes() as nograd:
+            call(False)
         return LayerCost(nograd_peak=nograd.peak)
     with LiveBytes() as forward:
         out = call(True)
     out = out[0] if isinstance(out, tuple) else out
     retained, forward_peak, output = forward.current, forward.peak, nbytes(out)
-    if not out.requires_grad:  # nothing in it trains and its input needs no gradient: no backward runs
-        return LayerCost(retained, forward_peak, 0, 0, nograd.peak, output)
-    with LiveBytes() as backward:
+    if not backward or not out.requires_grad:  # not read, or nothing trains and its input needs no gradient
+        return LayerCost(retained, forward_peak, output=output)
+    with LiveBytes() as counted:
         out.backward(torch.empty_like(out))
     grads = sum(nbytes(p.grad) for p in parameters if p.grad is not None)
     for p in parameters:
         p.grad = None
-    return LayerCost(retained, forward_peak, backward.peak, grads, nograd.peak, output)
+    return LayerCost(retained, forward_peak, counted.peak, grads, output=output)
 
 
 def _depth_one(shape: ModelShape, text_kind: str | None = None, full_vision_block: bool = True):
@@ -210,7 +214,8 @@ def vision_tower_cost(
     """The vision tower cut to one (frame-attention) block, with one DeepStack merger if ``deepstack``: its stem
     (patch embedding, positions) and merger come out as this minus :func:`vision_block_cost`, one DeepStack
     merger as the difference of the two. ``checkpointed``: the block under gradient checkpointing, which keeps
-    its inputs (hidden states and the rotary tables, once for every block) instead of what it saved."""
+    its inputs (hidden states and the rotary tables, once for every block) instead of what it saved. The walk
+    reads only what its forward keeps and its output, so its backward is not run."""
     mode = HalfFake()
     config = _depth_one(shape)
     if deepstack:
@@ -223,7 +228,7 @@ def vision_tower_cost(
     fake_parameters(visual, mode)
     visual.requires_grad_(grad)
     patches = grid[0] * grid[1] * grid[2]
-    pixels = torch.zeros(patches, shape.patch_values)  # float32, as the processor makes them
+    pixels = torch.zeros(patches, shape.patch_values, dtype=torch.float32)  # as the processor makes them
 
     def call(requires_grad: bool):
         # get_video_features casts the pixels to the tower's dtype before the tower runs, in every family
@@ -231,4 +236,4 @@ def vision_tower_cost(
         return out.pooler_output if not deepstack else torch.cat([out.pooler_output, *out.deepstack_features])
 
     with mode:
-        return trace(call, [p for p in visual.parameters() if p.requires_grad], grad)
+        return trace(call, [p for p in visual.parameters() if p.requires_grad], grad, backward=False)

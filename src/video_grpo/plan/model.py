@@ -20,27 +20,89 @@ DEFAULT_LORA_TARGETS = (
 )  # PEFT's default for Qwen2/Qwen3 when lora_target_modules is unset
 
 
-def load_model_config(
-    model: str, model_config: str | None = None, revision: str | None = None, local_only: bool = True
-):
-    """A transformers config from ``model_config`` (a config.json or its folder), else from ``model`` (a local
-    folder or a Hub id in the local cache; with ``local_only=False``, its config.json may be downloaded)."""
+# The published config.json of each supported model, shipped in the repository (configs/models/index.json maps
+# each Hub id to its file). Found beside the package in a checkout (``pip install -e .``, what the README says);
+# a non-editable install does not carry configs/, so there the working directory's configs/models/ is used (the
+# repository root, where the README's commands run), and without one the planner needs --model_config.
+MODEL_CONFIGS = "configs/models"
+INDEX = "index.json"
+
+
+def shipped_configs_dir() -> Path | None:
+    """The folder of the shipped model configs (the one holding ``index.json``), or None if there is none."""
+    for root in (Path(__file__).resolve().parents[3], Path.cwd()):
+        folder = root / MODEL_CONFIGS
+        if (folder / INDEX).is_file():
+            return folder
+    return None
+
+
+def shipped_model_configs() -> dict[str, Path]:
+    """Hub id -> the shipped config.json of that model (empty when no folder is found)."""
+    folder = shipped_configs_dir()
+    if folder is None:
+        return {}
+    return {model: folder / name for model, name in json.loads((folder / INDEX).read_text()).items()}
+
+
+def _shipped_list() -> str:
+    """What the shipped folder holds, for an error message."""
+    shipped = shipped_model_configs()
+    if not shipped:
+        return (
+            f"no {MODEL_CONFIGS}/ folder was found beside the package or here (run from the repository root)"
+        )
+    return f"{MODEL_CONFIGS}/ has " + ", ".join(f"{path.name} ({model})" for model, path in shipped.items())
+
+
+def _read_config_file(path: Path):
     from transformers import AutoConfig
 
-    source = model_config or model
-    path = Path(source)
+    values = json.loads(path.read_text())
+    values.pop("architectures", None)
+    values.pop("transformers_version", None)
+    return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+def load_model_config(
+    model: str, model_config: str | None = None, revision: str | None = None, local_only: bool = True
+) -> tuple[object, str | None]:
+    """A transformers config, and a one-line note when it came from a shipped file the caller did not name.
+
+    From ``model_config`` (a config.json or its folder) when given; else from ``model``: a local folder, a Hub id
+    in the local cache (with ``local_only=False``, its config.json may be downloaded), and failing those the
+    shipped config of that Hub id (``configs/models/``), so that planning a shipped recipe works offline."""
+    from transformers import AutoConfig
+
+    if model_config is not None:
+        path = Path(model_config)
+        if not path.exists():
+            raise ValueError(
+                f"--model_config {model_config}: no such file or folder; {_shipped_list()}. Pass one of them, "
+                "or the config.json (or folder) of the model to plan."
+            )
+        try:
+            return (_read_config_file(path) if path.is_file() else AutoConfig.from_pretrained(path)), None
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(f"--model_config {model_config}: not a model config.json ({err})") from err
     try:
-        if path.is_file():
-            values = json.loads(path.read_text())
-            values.pop("architectures", None)
-            values.pop("transformers_version", None)
-            return AutoConfig.for_model(values.pop("model_type"), **values)
-        return AutoConfig.from_pretrained(source, revision=revision, local_files_only=local_only)
+        return AutoConfig.from_pretrained(model, revision=revision, local_files_only=local_only), None
     except (OSError, ValueError, KeyError) as err:
-        raise ValueError(
-            f"cannot read the config of {source!r} without downloading ({err}). Pass --model_config with the "
-            "model's config.json (configs/models/ has the published ones of the supported models)."
-        ) from err
+        shipped = shipped_model_configs().get(model)
+        if shipped is None:
+            reason = str(err).splitlines()[0]
+            fallback = (
+                "it is not one of the shipped model configs" if shipped_model_configs() else "none shipped"
+            )
+            raise ValueError(
+                f"cannot read the config of {model!r} without downloading ({reason}), and {fallback}: "
+                f"{_shipped_list()}. Pass --model_config with the model's config.json."
+            ) from err
+    note = (
+        f"plan: {model}'s architecture from {MODEL_CONFIGS}/{shipped.name}, shipped with video_grpo "
+        "(--model_config to plan another)"
+    )
+    return _read_config_file(shipped), note
 
 
 def meta_model(config, dtype: torch.dtype = torch.bfloat16):
@@ -53,7 +115,31 @@ def meta_model(config, dtype: torch.dtype = torch.bfloat16):
     from transformers.modeling_utils import set_zero3_state
 
     with torch.device("meta"), set_zero3_state():
-        return AutoModelForImageTextToText.from_config(config, dtype=dtype)
+        model = AutoModelForImageTextToText.from_config(config, dtype=dtype)
+    check_tied(model)
+    return model
+
+
+def check_tied(model) -> None:
+    """Refuse a model whose config ties weights (the output projection to the input embedding) that were built
+    apart: the plan would count the projection twice (a Qwen3.5-4B recipe: 2.4 GB more per GPU).
+
+    transformers ties them when the model is built, unless ``PreTrainedModel.tie_weights`` is its loading-time
+    no-op: ``from_pretrained`` swaps it in while it loads and puts back what it found, so two loads at once in
+    threads can leave the no-op in place for the rest of the process (transformers PR #44940)."""
+    get = model.get_parameter_or_buffer
+    apart = [
+        target for target, source in model.all_tied_weights_keys.items() if get(target) is not get(source)
+    ]
+    if apart:
+        from transformers.modeling_utils import PreTrainedModel
+
+        raise RuntimeError(
+            f"the model built for planning has {', '.join(apart)} apart from what its config ties them to: weight "
+            f"tying is switched off in this process (PreTrainedModel.tie_weights is "
+            f"{PreTrainedModel.tie_weights.__qualname__}), which a from_pretrained running in another thread at the "
+            "same time leaves behind. Plan in a fresh process (python -m video_grpo.plan)."
+        )
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: the planner caches layer traces per shape

@@ -34,6 +34,7 @@ class Plan:
     flops: dict[str, int]
     seconds: dict[str, float] | None
     gpu: dict | None  # the GPUS entry, or {"name": ..., "memory_gb": ...}
+    source: str | None = None  # a one-line note when the model's config came from a shipped file unasked
 
     @property
     def decode_path(self) -> str:
@@ -143,10 +144,14 @@ def plan_recipe(
 
     values = recipe_values(config)
     values.update(overrides or {})
-    model_values = load_model_config(values["model_name_or_path"], model_config, values.get("model_revision"))
+    model_values, source = load_model_config(
+        values["model_name_or_path"], model_config, values.get("model_revision")
+    )
     shape = read_model_shape(model_values)
     launch = accelerate_values(accelerate_config, num_processes, zero_stage)
     work = workload_from_recipe(
         values, shape.family, launch, stateful_text=bool(unforkable_layers(model_values))
     )
-    return make_plan(shape, work, resolve_gpu(gpu, gpu_memory_gb))
+    plan = make_plan(shape, work, resolve_gpu(gpu, gpu_memory_gb))
+    plan.source = source
+    return plan

@@ -49,10 +49,11 @@ def run_device(training_args, memory_gb: float | None = None) -> dict | None:
 
 @functools.lru_cache(maxsize=4)
 def model_of_run(name: str, revision: str | None) -> tuple:
-    """(config values, :class:`ModelShape`) of the run's model, read once per process: the planner caches its
-    layer traces per shape object, so the start-up summary, auto-fit's candidates and the plan check share them."""
-    model_values = load_model_config(name, None, revision, local_only=False)
-    return model_values, read_model_shape(model_values)
+    """(config values, :class:`ModelShape`, the note when a shipped config stood in) of the run's model, read once
+    per process: the planner caches its layer traces per shape object, so the start-up summary, auto-fit's
+    candidates and the plan check share them."""
+    model_values, source = load_model_config(name, None, revision, local_only=False)
+    return model_values, read_model_shape(model_values), source
 
 
 def startup_plan(script_args, training_args, model_args, gpu: dict | None = None) -> Plan:
@@ -67,14 +68,16 @@ def startup_plan(script_args, training_args, model_args, gpu: dict | None = None
     values = {}
     for arguments in (training_args, model_args, script_args):
         values.update({f.name: getattr(arguments, f.name) for f in dataclasses.fields(arguments)})
-    model_values, shape = model_of_run(model_args.model_name_or_path, model_args.model_revision)
+    model_values, shape, source = model_of_run(model_args.model_name_or_path, model_args.model_revision)
     work = workload_from_recipe(
         values, shape.family, launch_from_environment(), stateful_text=bool(unforkable_layers(model_values))
     )
     if gpu is None and torch.cuda.is_available():
         properties = torch.cuda.get_device_properties(torch.cuda.current_device())
         gpu = {"name": properties.name, "memory_gb": properties.total_memory / GB}
-    return make_plan(shape, work, gpu)
+    plan = make_plan(shape, work, gpu)
+    plan.source = source  # offline, a shipped model's architecture comes from configs/models/
+    return plan
 
 
 def fit_run(script_args, training_args, model_args) -> FitResult:
@@ -114,6 +117,8 @@ def log_startup_plan(script_args, training_args, model_args, logger) -> Plan | N
     except Exception as err:  # noqa: BLE001 (a planner error is logged, never raised)
         logger.warning(f"plan: could not plan this run's memory ({type(err).__name__}: {err})")
         return None
+    if plan.source:
+        logger.warning(plan.source)
     logger.warning(plan.summary())  # warning level: the default log level shows it, as it does a resume
     if plan.fits is False:
         logger.warning(

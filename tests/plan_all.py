@@ -1,0 +1,101 @@
+"""Every shipped recipe planned as the planner's tests check it, in one call: what ``--json`` prints on the launch
+its header names, the GPUs it fits, its peak with ``shared_prefix`` and encode-once off, and the line saying which
+model config was used. tests/test_plan.py runs it once in a fresh process (as a user runs the planner), with the
+report of the command the docs show, and once in-process after training steps, and compares the two to the byte.
+
+    python tests/plan_all.py '{"qwen3_5": "/tmp/tiny-qwen3_5", ...}'   # prints one JSON line
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = sorted((REPO / "configs" / "grpo").glob("*.yaml"))
+HEADER = re.compile(r"^# Plan: fits (?P<gpus>[\w, -]+) with (?P<launch>configs/accelerate/\S+\.yaml)", re.M)
+FAMILIES = ("qwen3_5", "qwen3_vl", "qwen2_5_vl")
+
+
+def tiny_family(recipe: Path) -> str | None:
+    """The family of a CPU recipe's tiny model (its model is made by `make demo`/`make tiny`), or None for a
+    recipe of a published model (a GPU recipe)."""
+    from video_grpo.plan.model import shipped_model_configs
+
+    model = (yaml.safe_load(recipe.read_text()) or {}).get("model_name_or_path")
+    if model in shipped_model_configs():
+        return None
+    return next((f for f in FAMILIES if f in recipe.stem), "qwen2_5_vl")
+
+
+DOCUMENTED = [  # the command docs/planning.md shows first (no --model_config: the shipped config, offline)
+    "--config",
+    "configs/grpo/qwen2_5_vl_7b_charades.yaml",
+    "--accelerate_config",
+    "configs/accelerate/zero3.yaml",
+    "--gpu",
+    "h100-80gb",
+]
+
+
+def plan_all(tiny: dict[str, str], both_off: bool = True) -> dict[str, dict]:
+    """recipe stem -> what the tests check of its plan. ``tiny``: family -> a tiny model folder of that family,
+    for the CPU recipes (planned on one CPU process of 24 GB). ``both_off``: also the GPU recipes' peak with
+    ``shared_prefix`` and encode-once off (the docs' fit tables)."""
+    from video_grpo.plan import GB, make_plan, plan_recipe, resolve_gpu
+    from video_grpo.plan.cli import plan_json
+    from video_grpo.plan.compute import GPUS
+
+    out = {}
+    for recipe in RECIPES:
+        family = tiny_family(recipe)
+        if family is not None:
+            model = Path(tiny[family])
+            plan = plan_recipe(
+                str(recipe),
+                gpu="cpu",
+                gpu_memory_gb=24,
+                model_config=str(model / "config.json"),
+                overrides={"model_name_or_path": str(model)},
+            )
+            out[recipe.stem] = {"json": plan_json(plan)}
+            continue
+        header = HEADER.search(recipe.read_text())
+        launch = header["launch"] if header else "configs/accelerate/zero3.yaml"
+        # no --model_config: the recipe's Hub model is one of configs/models/, used offline without being asked
+        plan = plan_recipe(str(recipe), launch, gpu="h100-80gb")
+        out[recipe.stem] = {
+            "json": plan_json(plan),
+            "launch": launch,
+            "source": plan.source,
+            "fits": [g for g in GPUS if dataclasses.replace(plan, gpu=resolve_gpu(g, None)).fits],
+        }
+        if both_off:
+            off = make_plan(plan.shape, plan.work.replace(shared_prefix=False, encode_once=False), plan.gpu)
+            out[recipe.stem]["fit_table_gb"] = [
+                round(plan.memory.peak / GB, 1),
+                round(off.memory.peak / GB, 1),
+            ]
+    return out
+
+
+def documented_report() -> dict[str, object]:
+    """What ``python -m video_grpo.plan`` with :data:`DOCUMENTED` prints (its exit code, stdout and stderr)."""
+    import contextlib
+    import io
+
+    from video_grpo.plan import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(DOCUMENTED)
+    return {"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+
+
+if __name__ == "__main__":
+    print(json.dumps({"plans": plan_all(json.loads(sys.argv[1])), "report": documented_report()}))
