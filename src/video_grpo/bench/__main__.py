@@ -42,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         help="fewer test queries and GRPO steps, no guidance/curation runs (about 5 minutes); "
         "a smoke run: 40 steps are too few to show the gain",
     )
+    learning_parser.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="processes the independent runs share (default 2; the rows do not depend on it)",
+    )
     plan_parser = sub.add_parser("plan", help="the memory and FLOPs planner against measured steps")
     plan_parser.add_argument("--quick", action="store_true", help="five small cells (about a minute)")
     plan_parser.add_argument(
@@ -76,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
             hf_logging.set_verbosity_error()
             torch.manual_seed(0)
-            run(Path(tmp), json_lines.emit, args.plot, quick=args.quick)
+            run(Path(tmp), json_lines.emit, args.plot, quick=args.quick, workers=args.workers)
     return 0
 
 

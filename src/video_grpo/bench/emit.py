@@ -16,10 +16,10 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, DIGITS)
 
 
-def emit(name: str, ours: float | None, baseline: float | None, unit: str, **extra) -> dict:
-    """Print one measurement as a JSON line and return it. A side that could not be measured is ``None`` (e.g. a
-    kernel this device lacks); the ratio is then ``None``, as it is for a zero baseline."""
-    line = {
+def row(name: str, ours: float | None, baseline: float | None, unit: str, **extra) -> dict:
+    """One measurement as the JSON line's dict. A side that could not be measured is ``None`` (e.g. a kernel this
+    device lacks); the ratio is then ``None``, as it is for a zero baseline."""
+    return {
         "name": name,
         "ours": _rounded(ours),
         "baseline": _rounded(baseline),
@@ -27,5 +27,14 @@ def emit(name: str, ours: float | None, baseline: float | None, unit: str, **ext
         "unit": unit,
         **extra,
     }
+
+
+def emit_row(line: dict) -> dict:
+    """Print a :func:`row` (one made in another process, say) as a JSON line and return it."""
     print(json.dumps(line), file=emit_stream or sys.stdout, flush=True)
     return line
+
+
+def emit(name: str, ours: float | None, baseline: float | None, unit: str, **extra) -> dict:
+    """Print one measurement (:func:`row`) as a JSON line and return it."""
+    return emit_row(row(name, ours, baseline, unit, **extra))

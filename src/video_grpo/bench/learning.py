@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from video_grpo.bench import learning_runs as runs
+from video_grpo.bench.emit import emit_row
 from video_grpo.bench.learning_runs import FULL, QUICK, cold_start
 
 
@@ -45,44 +46,118 @@ def series(history: list[dict], key: str) -> list[float]:
     return [float(e[key]) for e in history if key in e]
 
 
-def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> dict:
+def _worker_setup() -> None:
+    """A benchmark worker: trainer logs go to stderr (stdout carries the JSON lines), transformers quiet, one
+    thread, so that two workers run two threads on two cores, not four. The thread count does not change the
+    numbers: 6 SFT and 2 GRPO steps gave the same weights and logs to the bit with 1 and 2 threads, and the full
+    run with two workers gave every row of docs/learning.md unchanged."""
+    import os
+
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    os.dup2(2, 1)
+    torch.set_num_threads(1)
+    hf_logging.set_verbosity_error()
+
+
+def _sft_start(work: Path, data: Path, budget, answer_only: bool) -> Path:
+    """The cold start (``answer_only``: TimeLens's sentence instead of the ``<think>`` answer)."""
+    if answer_only:
+        return runs.answer_only_start(work, data, budget)
+    with contextlib.redirect_stdout(sys.stderr):
+        return runs.sft(
+            work / "tiny", runs.task_dataset(data / "train.jsonl"), work / "sft", budget.sft_steps
+        )
+
+
+def _ours(work: Path, data: Path, start: Path, steps: int) -> dict:
+    """VideoGRPOTrainer from the cold start, and the test metrics before and after, with real and black frames."""
+    train, test = runs.task_dataset(data / "train.jsonl"), runs.task_dataset(data / "test.jsonl")
+    with contextlib.redirect_stdout(sys.stderr):
+        return {
+            "before": runs.test_metrics(start, test),
+            "before_blank": runs.test_metrics(start, runs.with_transform(test, runs.BlankFrames)),
+            "ours": runs.grpo(start, train, work / "ours", steps),
+            "after": runs.test_metrics(work / "ours", test),
+            "blank": runs.test_metrics(work / "ours", runs.with_transform(test, runs.BlankFrames)),
+        }
+
+
+def _plain(work: Path, data: Path, start: Path, steps: int) -> dict:
+    """TRL's own GRPOTrainer from the same start, with the same budget, and its test metrics after."""
+    train, test = runs.task_dataset(data / "train.jsonl"), runs.task_dataset(data / "test.jsonl")
+    with contextlib.redirect_stdout(sys.stderr):
+        history = runs.grpo(start, train, work / "plain", steps, plain=True)
+        return {"plain": history, "plain_after": runs.test_metrics(work / "plain", test)}
+
+
+def _guided(work: Path, data: Path, start: Path, steps: int) -> list[dict]:
+    """Ground-truth-guided groups with TempSamp shaping from the same start."""
+    with contextlib.redirect_stdout(sys.stderr):
+        return runs.grpo(
+            start,
+            runs.task_dataset(data / "train.jsonl"),
+            work / "guided",
+            steps,
+            save=False,
+            gt_guidance=True,
+            advantage_shaping="tempsamp",
+            answer_template=runs.ANSWER_TEMPLATE,
+        )
+
+
+def _curation(work: Path, data: Path, train_records: list[dict], task, start: Path) -> dict:
     from video_grpo.bench.curation import run_curation
+    from video_grpo.bench.emit import row as json_row
+
+    test = runs.task_dataset(data / "test.jsonl")
+    return run_curation(work, data, train_records, task, start, test, json_row)
+
+
+def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False, workers: int = 2) -> dict:
+    """The benchmark. Every run starts from files, so its independent parts (the two cold starts, then ours, plain
+    TRL, guided, answer-only and curation) run in ``workers`` processes side by side; each part's numbers are what
+    it gives alone (its seeds are its own), so ``workers`` changes the wall time, not the rows."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     from video_grpo.bench.learning_plots import plot_learning
     from video_grpo.toys.synthetic import best_fixed_span, make_flash_split, temporal_iou
+    from video_grpo.toys.tiny import build_tiny_model
 
     budget = QUICK if quick else FULL
     started = time.perf_counter()
-    data, train_records, start = cold_start(work, budget)
+    data = work / "task"
+    train_records = make_flash_split(data, "train", budget.train, seed=10, task=budget.task)
     test_records = make_flash_split(data, "test", budget.test, seed=11, task=budget.task)
+    build_tiny_model(work / "tiny", **runs.MODEL_SIZE)
+    runs.task_dataset(data / "train.jsonl"), runs.task_dataset(data / "test.jsonl")  # the frame cache, once
     fixed = best_fixed_span(train_records)
     fixed_miou = (
         100 * sum(temporal_iou(fixed, tuple(r["solution"])) for r in test_records) / len(test_records)
     )
-    train, test = runs.task_dataset(data / "train.jsonl"), runs.task_dataset(data / "test.jsonl")
     steps = budget.grpo_steps
-    with contextlib.redirect_stdout(sys.stderr):
-        before = runs.test_metrics(start, test)
-        before_blank = runs.test_metrics(start, runs.with_transform(test, runs.BlankFrames))
-        ours = runs.grpo(start, train, work / "ours", steps)
-        after = runs.test_metrics(work / "ours", test)
-        blank = runs.test_metrics(work / "ours", runs.with_transform(test, runs.BlankFrames))
-        plain = runs.grpo(start, train, work / "plain", steps, plain=True)
-        plain_after = runs.test_metrics(work / "plain", test)
-        guided = (
-            runs.grpo(
-                start,
-                train,
-                work / "guided",
-                budget.guided_steps,
-                save=False,
-                gt_guidance=True,
-                advantage_shaping="tempsamp",
-                answer_template=runs.ANSWER_TEMPLATE,
-            )
-            if budget.guided_steps
-            else []
-        )
-    answer_only = answer_only_row(work, data, budget, steps, emit, before, after, ours)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_setup) as pool:
+        start_job = pool.submit(_sft_start, work, data, budget, False)
+        answer_only_start_job = pool.submit(_sft_start, work, data, budget, True)
+        start = start_job.result()
+        answer_only_start_job.result()
+        jobs = {}  # the longest first, so that the last to finish is short
+        if budget.curate:
+            jobs["curation"] = pool.submit(_curation, work, data, train_records, budget.task, start)
+        jobs["ours"] = pool.submit(_ours, work, data, start, steps)
+        jobs["answer_only"] = pool.submit(answer_only_runs, work, data, steps)
+        jobs["plain"] = pool.submit(_plain, work, data, start, steps)
+        if budget.guided_steps:
+            jobs["guided"] = pool.submit(_guided, work, data, start, budget.guided_steps)
+        done = {name: job.result() for name, job in jobs.items()}
+    before, before_blank, ours = done["ours"]["before"], done["ours"]["before_blank"], done["ours"]["ours"]
+    after, blank = done["ours"]["after"], done["ours"]["blank"]
+    plain, plain_after = done["plain"]["plain"], done["plain"]["plain_after"]
+    guided = done.get("guided", [])
+    answer_only = answer_only_row(done["answer_only"], emit, before, after, ours)
     ious = series(ours, "rewards/iou_reward/mean")
     first, last = fifth_means(ious)
     ours_gain, plain_gain = after["mIoU"] - before["mIoU"], plain_after["mIoU"] - before["mIoU"]
@@ -151,7 +226,7 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False) -> d
             goal="ratio > 1",
         )
     if budget.curate:
-        results["curation"] = run_curation(work, data, train_records, budget.task, start, test, emit)
+        results["curation"] = emit_row(done["curation"])  # the row the curation worker made
     emit("learning_wall_time", time.perf_counter() - started, 15 * 60, "s (ours) vs the 15-minute budget")
     curves = {
         "ours": ours,
@@ -175,21 +250,27 @@ def decoded_per_step(history: list[dict]) -> float:
     return sum(lengths) / len(lengths) * runs.GRPO_SETTINGS["per_device_train_batch_size"]
 
 
-def answer_only_row(
-    work: Path, data: Path, budget, steps: int, emit, before: dict | None, after: dict | None, ours
-) -> dict:
-    """The answer-only row: its own cold start, the same GRPO steps with the IoU reward alone, test mIoU before and
-    after, beside the ``<think>`` run of this benchmark (``before``/``after``/``ours``; None: not run here)."""
-    start = runs.answer_only_start(work, data, budget)
+def answer_only_runs(work: Path, data: Path, steps: int) -> dict:
+    """The answer-only side: from its cold start (``work/sft_answer_only``), the same GRPO steps with the IoU reward
+    alone, and the test metrics before and after (real and black frames)."""
+    start = work / "sft_answer_only"
     train = runs.task_dataset(data / "train.jsonl", prompt=runs.ANSWER_ONLY_PROMPT)
     test = runs.task_dataset(data / "test.jsonl", prompt=runs.ANSWER_ONLY_PROMPT)
     with contextlib.redirect_stdout(sys.stderr):  # trainer logs; the row's JSON line goes to stdout
-        start_metrics = runs.test_metrics(start, test)
-        history = runs.grpo(start, train, work / "answer_only", steps, answer_only=True)
-        end_metrics = runs.test_metrics(work / "answer_only", test)
-        blank = runs.test_metrics(
-            work / "answer_only", runs.with_transform(test, runs.BlankFrames, runs.ANSWER_ONLY_PROMPT)
-        )
+        return {
+            "start": runs.test_metrics(start, test),
+            "history": runs.grpo(start, train, work / "answer_only", steps, answer_only=True),
+            "end": runs.test_metrics(work / "answer_only", test),
+            "blank": runs.test_metrics(
+                work / "answer_only", runs.with_transform(test, runs.BlankFrames, runs.ANSWER_ONLY_PROMPT)
+            ),
+        }
+
+
+def answer_only_row(side: dict, emit, before: dict | None, after: dict | None, ours) -> dict:
+    """The answer-only row from :func:`answer_only_runs`, beside the ``<think>`` run of this benchmark
+    (``before``/``after``/``ours``; None: not run here)."""
+    start_metrics, history, end_metrics, blank = side["start"], side["history"], side["end"], side["blank"]
     return emit(
         "answer_only",
         end_metrics["mIoU"],
@@ -269,7 +350,8 @@ def answer_only_alone(work: Path, emit, steps: int | None = None, think: bool = 
         make_flash_split(data, "train", budget.train, seed=10, task=budget.task)
         make_flash_split(data, "test", budget.test, seed=11, task=budget.task)
         build_tiny_model(work / "tiny", **runs.MODEL_SIZE)
-        return answer_only_row(work, data, budget, steps, emit, None, None, None)
+        runs.answer_only_start(work, data, budget)
+        return answer_only_row(answer_only_runs(work, data, steps), emit, None, None, None)
     data, _, start = cold_start(work, budget)
     make_flash_split(data, "test", budget.test, seed=11, task=budget.task)
     train, test = runs.task_dataset(data / "train.jsonl"), runs.task_dataset(data / "test.jsonl")
@@ -277,7 +359,8 @@ def answer_only_alone(work: Path, emit, steps: int | None = None, think: bool = 
         before = runs.test_metrics(start, test)
         ours = runs.grpo(start, train, work / "ours", steps)
         after = runs.test_metrics(work / "ours", test)
-    return answer_only_row(work, data, budget, steps, emit, before, after, ours)
+    runs.answer_only_start(work, data, budget)
+    return answer_only_row(answer_only_runs(work, data, steps), emit, before, after, ours)
 
 
 def main() -> int:
