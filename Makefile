@@ -33,8 +33,9 @@ demo: $(STAMP)
 	$(PY) -m video_grpo.plot train --run_dir $(DEMO_OUT)
 	OMP_NUM_THREADS=2 $(PY) scripts/demo_flash.py report --out outputs/demo_flash --run_dir $(DEMO_OUT)
 
+# Two workers (pytest-xdist) on the two cores; the longest tests start first (tests/conftest.py).
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist worksteal
 
 # Everything but the multi-process launches, benchmarks and the learning run.
 test-fast: $(STAMP)
