@@ -39,7 +39,7 @@ test: lint
 
 # Everything but the multi-process launches, benchmarks and the learning run.
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not launch and not learning"
+	$(PY) -m pytest -n 2 --dist worksteal -m "not launch and not learning"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts
