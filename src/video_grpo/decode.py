@@ -47,6 +47,8 @@ from typing import Any
 
 import torch
 
+from video_grpo.static_cache import fill_layer, init_layer, layer_initialized, row_view
+
 logger = logging.getLogger(__name__)
 
 DECODE_COMPILE_CHOICES = ("auto", "true", "false")
@@ -230,7 +232,7 @@ class CompiledDecoder:
         """The static cache of ``rows`` rows: the whole cache, or one whose tensors are its first ``rows`` rows
         (views: the same addresses, so a sampled partial batch needs no copy and no padding)."""
         if rows not in self._views:
-            self._views[rows] = _row_view(self.cache, rows)
+            self._views[rows] = row_view(self.cache, rows)
         return self._views[rows]
 
     def data_pointers(self) -> list[int]:
@@ -266,12 +268,12 @@ class CompiledDecoder:
             self._allocate(model, prefill_cache)
             if rows < self.rows:  # the views need every layer's tensors first
                 for static, dynamic in zip(self.cache.layers, prefill_cache.layers, strict=True):
-                    _init_layer(static, dynamic, self.rows)
+                    init_layer(static, dynamic, self.rows)
         cache = self.cache_for(rows)
         for static, whole, dynamic in zip(cache.layers, self.cache.layers, prefill_cache.layers, strict=True):
-            if not _initialized(whole):
-                _init_layer(whole, dynamic, self.rows)
-            _fill_layer(static, dynamic, index, width - 1)
+            if not layer_initialized(whole):
+                init_layer(whole, dynamic, self.rows)
+            fill_layer(static, dynamic, index, width - 1)
         return cache
 
     @contextlib.contextmanager
@@ -456,95 +458,3 @@ def _take_rows(output, real: int):
         elif isinstance(value, tuple) and value and isinstance(value[0], torch.Tensor):
             output[key] = tuple(step[:real] for step in value)
     return output
-
-
-def _kind(layer) -> str:
-    """``attention``, ``linear`` (Gated DeltaNet states) or the class name of a layer this module cannot copy."""
-    from transformers.cache_utils import DynamicLayer, LinearAttentionLayer, StaticLayer
-
-    if type(layer) in (DynamicLayer, StaticLayer):
-        return "attention"
-    if type(layer) is LinearAttentionLayer:
-        return "linear"
-    return type(layer).__name__
-
-
-def _initialized(layer) -> bool:
-    if _kind(layer) == "attention":
-        return layer.is_initialized
-    return any(layer.is_conv_states_initialized.values()) or any(
-        layer.is_recurrent_states_initialized.values()
-    )
-
-
-def _init_layer(static, dynamic, rows: int) -> None:
-    """Allocate a static layer for ``rows`` rows with the prefill layer's heads, sizes, dtype and device."""
-    kinds = (_kind(static), _kind(dynamic))
-    if kinds == ("attention", "attention"):
-        keys, values = dynamic.keys, dynamic.values
-        static.lazy_initialization(
-            keys[:1].expand(rows, *keys.shape[1:]), values[:1].expand(rows, *values.shape[1:])
-        )
-    elif kinds == ("linear", "linear"):
-        for i in range(dynamic.number_of_states):
-            conv, recurrent = dynamic.conv_states[i], dynamic.recurrent_states[i]
-            static.lazy_initialization(
-                conv_states=None if conv is None else conv[:1].expand(rows, *conv.shape[1:]),
-                recurrent_states=None
-                if recurrent is None
-                else recurrent[:1].expand(rows, *recurrent.shape[1:]),
-                state_idx=i,
-                conv_kernel_size=dynamic.conv_kernel_size[i],
-            )
-    else:
-        raise NotImplementedError(
-            f"decode_compile: cannot copy a {kinds[1]} cache layer into a {kinds[0]} static layer"
-        )
-
-
-def _row_view(cache, rows: int):
-    """A cache whose layers hold the first ``rows`` rows of ``cache``'s tensors (views, marked as static addresses
-    as transformers marks its own), with their own write positions."""
-    import copy
-
-    view = copy.copy(cache)
-    view.layers = []
-    for layer in cache.layers:
-        part = copy.copy(layer)
-        if _kind(layer) == "attention":
-            part.keys, part.values = layer.keys[:rows], layer.values[:rows]
-            part.batch_size = rows
-            part.cumulative_length = layer.cumulative_length.clone()
-            tensors = [part.keys, part.values, part.cumulative_length]
-        else:
-            part.conv_states = {i: s if s is None else s[:rows] for i, s in layer.conv_states.items()}
-            part.recurrent_states = {
-                i: s if s is None else s[:rows] for i, s in layer.recurrent_states.items()
-            }
-            part.has_previous_state = dict(layer.has_previous_state)
-            tensors = [*part.conv_states.values(), *part.recurrent_states.values()]
-        for tensor in tensors:
-            if tensor is not None:
-                torch._dynamo.mark_static_address(tensor)
-        view.layers.append(part)
-    return view
-
-
-def _fill_layer(static, dynamic, index: torch.Tensor, length: int) -> None:
-    kind = _kind(static)
-    if kind == "attention":
-        static.keys[:, :, :length].copy_(dynamic.keys[index])
-        static.keys[:, :, length:].zero_()
-        static.values[:, :, :length].copy_(dynamic.values[index])
-        static.values[:, :, length:].zero_()
-        static.cumulative_length.fill_(length)
-        dynamic.keys = dynamic.values = None  # the prefill's copy is no longer needed
-    else:
-        for i in range(static.number_of_states):
-            if static.is_conv_states_initialized[i]:
-                static.conv_states[i].copy_(dynamic.conv_states[i][index])
-                dynamic.conv_states[i] = None
-            if static.is_recurrent_states_initialized[i]:
-                static.recurrent_states[i].copy_(dynamic.recurrent_states[i][index])
-                dynamic.recurrent_states[i] = None
-            static.has_previous_state[i] = True
