@@ -115,13 +115,17 @@ GUIDED = (
     "8",
 )
 
+# The Qwen3-VL ZeRO-3 run fits itself to a budget under its plan (0.157 GB planned): both ranks must choose the
+# same change (a rank that halved its micro-batch alone would make other collective calls and hang).
+AUTO_FIT = ("--auto_fit", "true", "--auto_fit_memory_gb", "0.12")
+
 
 @pytest.mark.parametrize(
     ("config", "stage", "extra", "family"),
     [
         ("cpu/zero2.yaml", 2, (), "qwen2_5_vl"),
         ("cpu/zero3.yaml", 3, GUIDED, "qwen2_5_vl"),
-        ("cpu/zero3.yaml", 3, (), "qwen3_vl"),
+        ("cpu/zero3.yaml", 3, AUTO_FIT, "qwen3_vl"),
         ("cpu/zero3.yaml", 3, (), "qwen3_5"),
     ],
     ids=["zero2", "zero3-guided", "zero3-qwen3_vl", "zero3-qwen3_5"],
@@ -140,7 +144,23 @@ def test_accelerate_launch_trains_and_saves(family_model, tmp_path, config, stag
     assert all(trained[name].shape == tensor.shape for name, tensor in initial.items())
     assert changed(initial, trained, "vision"), "vision tower did not train"
     assert (out / "trainer_state.json").is_file()
-    if extra:  # every group had its guided answer: the metric is logged for each step
+    if extra == AUTO_FIT:
+        record = __import__("json").loads((out / "auto_fit.json").read_text())
+        assert record["changes"] and record["planned_peak_gb_after"] < record["planned_peak_gb_before"], (
+            record
+        )
+        # the micro-batch halved with the generation and optimizer batches kept; both ranks ran it to the end (a
+        # rank that had kept 8 rows would run one forward per step where the other runs two: other collective calls)
+        assert record["after"] == {
+            "per_device_train_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+            "steps_per_generation": 2,
+        }, record
+        assert record["generation_rows_per_process"] == record["rows_per_optimizer_step_per_process"] == 8, (
+            record
+        )
+        assert "auto_fit.json: " in log
+    elif extra:  # every group had its guided answer: the metric is logged for each step
         history = __import__("json").loads((out / "trainer_state.json").read_text())["log_history"]
         assert len([e for e in history if "guidance/groups_all_sampled_negative" in e]) == 2
     # shared_prefix is on by default in every family (Qwen3.5: its Gated DeltaNet state forked), with no warning:
