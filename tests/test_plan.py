@@ -129,6 +129,18 @@ def test_a_wrong_or_unknown_model_config_names_the_shipped_files(tmp_path, capsy
     err = capsys.readouterr().err
     assert "'Example/Unknown-VL-7B'" in err and "--model_config" in err
     assert all(path.name in err for path in shipped_model_configs().values()), err
+    # a CPU recipe whose tiny model was not made yet: the error says where it looked and what makes it
+    missing = tmp_path / "tiny.yaml"
+    missing.write_text(
+        (REPO / "configs/grpo/demo_tiny.yaml")
+        .read_text()
+        .replace("outputs/tiny-qwen2_5_vl", "outputs/not-made")
+    )
+    assert main(["--config", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert "'outputs/not-made' is meant as a local folder, there is none at" in err and "make tiny" in err, (
+        err
+    )
 
 
 def test_the_models_readme_lists_the_index():

@@ -94,9 +94,15 @@ def load_model_config(
             fallback = (
                 "it is not one of the shipped model configs" if shipped_model_configs() else "none shipped"
             )
+            local = (
+                f" If {model!r} is meant as a local folder, there is none at {Path(model).resolve()}: the CPU "
+                "recipes' tiny models are made by `make tiny` or `python -m video_grpo.toys.tiny DIR --family F`."
+                if not Path(model).exists()
+                else ""
+            )
             raise ValueError(
                 f"cannot read the config of {model!r} without downloading ({reason}), and {fallback}: "
-                f"{_shipped_list()}. Pass --model_config with the model's config.json."
+                f"{_shipped_list()}. Pass --model_config with the model's config.json.{local}"
             ) from err
     note = (
         f"plan: {model}'s architecture from {MODEL_CONFIGS}/{shipped.name}, shipped with video_grpo "
