@@ -235,6 +235,16 @@ def test_a_recipe_that_does_not_fit_gets_changes_that_do():
     found = suggestions(plan)
     assert found and all(peak <= plan.usable_bytes for _, peak in found)
     assert all(peak < plan.memory.peak for _, peak in found)
+    # the offload change it names is what that accelerate config plans (parameters offloaded too, not only the
+    # optimizer's states)
+    offload = next(peak for text, peak in found if "zero3_offload.yaml" in text)
+    launched = plan_recipe(
+        "configs/grpo/qwen2_5_vl_7b_charades.yaml",
+        "configs/accelerate/zero3_offload.yaml",
+        gpu="a100-40gb",
+        model_config="configs/models/qwen2_5_vl_7b_instruct.json",
+    )
+    assert offload == launched.memory.peak
 
 
 def test_the_worst_case_video_of_a_recipe():

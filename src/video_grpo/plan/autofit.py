@@ -9,7 +9,7 @@ was, to floating-point rounding:
   :data:`MICRO_BATCH_EXACT_LOSSES` (``bnpo`` divides each micro-batch by its own token count, so another split
   weighs the tokens differently);
 - ``checkpointing``: activations recomputed in backward;
-- ``offload``: the optimizer's states in CPU RAM (DeepSpeed ZeRO-3);
+- ``offload``: the optimizer's states and the parameters in CPU RAM (DeepSpeed ZeRO-3, ``zero3_offload.yaml``);
 - ``no-gather``: under ZeRO-3, generation gathers one layer at a time (``ds3_gather_for_generation: false``).
 
 A running process can change only its own arguments: the micro-batch, checkpointing and the gathering are

@@ -41,8 +41,8 @@ def alternatives(work: Workload) -> list[tuple[str, str, Workload]]:
         options.append(
             (
                 "offload",
-                "optimizer states offloaded to CPU RAM (configs/accelerate/zero3_offload.yaml)",
-                work.replace(zero_stage=3, offload_optimizer=True),
+                "optimizer states and parameters offloaded to CPU RAM (configs/accelerate/zero3_offload.yaml)",
+                work.replace(zero_stage=3, offload_optimizer=True, offload_params=True),
             )
         )
     if work.zero_stage == 3 and work.gather_for_generation:
