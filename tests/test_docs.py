@@ -10,10 +10,10 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .conftest import REPO
@@ -143,29 +143,33 @@ def test_the_commands_are_found():
 
 
 def test_every_python_m_module_answers_help():
-    """Each ``python -m`` module the pages name, run once with ``--help`` (four at a time: each imports torch)."""
-
-    def run(module: str) -> tuple[str, subprocess.CompletedProcess | str]:
+    """Each ``python -m`` module the pages name, run with ``--help``: all in one fresh interpreter, one after another
+    as ``-m`` runs them (tests/answer_help.py), so torch is imported once, not once per module."""
+    missing = {}
+    modules = []
+    for module in sorted(COMMANDS):
         path = module_path(module)
         if path is None or (path.name == "__init__.py" and not (path.parent / "__main__.py").is_file()):
-            return module, "no such module (or a package without __main__.py)"
-        try:
-            return module, subprocess.run(
-                [sys.executable, "-m", module, "--help"],
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-        except subprocess.TimeoutExpired:
-            return module, "no answer within 300 s"
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        results = dict(pool.map(run, sorted(COMMANDS)))
+            missing[module] = "no such module (or a package without __main__.py)"
+        else:
+            modules.append(module)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "answer_help.py"), *modules],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(results) == modules
     failed = {
-        module: result if isinstance(result, str) else f"exit {result.returncode}: {result.stderr[-500:]}"
-        for module, result in results.items()
-        if isinstance(result, str) or result.returncode != 0 or not result.stdout.strip()
+        **missing,
+        **{
+            module: f"exit {result['code']}: {result['stderr']}"
+            for module, result in results.items()
+            if result["code"] != 0 or not result["stdout"].strip()
+        },
     }
     assert not failed, "\n".join(
         f"{m} (named in {', '.join(sorted(set(COMMANDS[m])))}): {why}" for m, why in failed.items()
