@@ -5,11 +5,15 @@ wrong formula fails), the measurement itself against real tensors, and the start
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,31 +31,66 @@ KEYS = {"peak_gb", "fits", "phase", "by_phase_gb", "by_category_gb", "flops_by_p
 
 
 @pytest.fixture(scope="module")
-def fresh_plans(family_model):
+def fresh_plans(family_model, tmp_path_factory):
     """Every shipped recipe planned in ONE fresh process (tests/plan_all.py), as a user runs the planner; started
     in the background at the first test that asks, read when a test needs it. ``fresh_plans()["plans"]``: recipe
-    stem -> what plan_all gives; ``fresh_plans()["report"]``: the documented command's output."""
-    tiny = {family: str(family_model(family)) for family in FAMILIES}
-    process = subprocess.Popen(
-        [sys.executable, "tests/plan_all.py", json.dumps(tiny)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    stem -> what plan_all gives; ``fresh_plans()["report"]``: the documented command's output.
+
+    Under pytest-xdist (``make test``) the workers share one such process: the first worker to ask claims it and
+    writes what it printed into the run's temporary folder, and the other reads that (tiny models are made from a
+    fixed seed, so the other worker's are the same models)."""
+    run_folder = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
+    process = None
+    if run_folder is None or _claim(run_folder / "fresh_plans.claim"):
+        tiny = {family: str(family_model(family)) for family in FAMILIES}
+        process = subprocess.Popen(
+            [sys.executable, "tests/plan_all.py", json.dumps(tiny)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     planned: dict = {}
 
     def get() -> dict:
         if not planned:
-            out, err = process.communicate(timeout=1800)
-            assert process.returncode == 0, err[-3000:]
-            planned.update(json.loads(out.strip().splitlines()[-1]))
+            if process is not None:
+                out, err = process.communicate(timeout=1800)
+                result = {"returncode": process.returncode, "out": out, "err": err[-3000:]}
+                if run_folder is not None:  # written whole, then renamed: the other worker never reads half
+                    partial = run_folder / "fresh_plans.partial"
+                    partial.write_text(json.dumps(result))
+                    partial.rename(run_folder / "fresh_plans.json")
+            else:
+                result = _wait_for(run_folder / "fresh_plans.json", timeout=1800)
+            assert result["returncode"] == 0, result["err"]
+            planned.update(json.loads(result["out"].strip().splitlines()[-1]))
         return planned
 
     yield get
-    if process.poll() is None:
+    if process is not None and run_folder is not None and not planned:
+        with contextlib.suppress(AssertionError):
+            get()  # the other worker may be waiting for what this one claimed
+    if process is not None and process.poll() is None:
         process.kill()
         process.communicate()
+
+
+def _claim(path: Path) -> bool:
+    """Whether this process is the first to create ``path`` (atomic: O_CREAT | O_EXCL)."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _wait_for(path: Path, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while not path.is_file():
+        assert time.monotonic() < deadline, f"no {path.name} from the other worker within {timeout:.0f} s"
+        time.sleep(1)
+    return json.loads(path.read_text())
 
 
 def test_a_plan_is_a_function_of_its_inputs(fresh_plans, family_model, train_file, tmp_path):
