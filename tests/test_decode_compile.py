@@ -374,3 +374,23 @@ def test_the_planner_plans_the_decode_path(tiny_model_dir):
     assert not compiled.memory.phases["loss"].by_category.get("kv cache")
     assert compiled.seconds["generation"] < eager.seconds["generation"]
     assert compiled.as_json()["decode_path"] == "compiled" and "decoding: compiled step" in report(compiled)
+
+
+def test_the_static_cache_is_sized_from_the_recipe_as_the_planner_sizes_it(tiny_model_dir, caplog):
+    """What `python -m video_grpo.grpo` and `evaluate run` give the decoder (``decode_cache_tokens``, from the
+    recipe's video budget, before the model loads) is the cache the planner counts, for a tiny and a shipped
+    recipe, with no fallback warning (a silent fallback sizes the cache at the first call instead)."""
+    from video_grpo.configs import script_args_from_yaml
+    from video_grpo.plan import plan_recipe
+    from video_grpo.plan.startup import decode_cache_tokens
+
+    cases = [
+        ("configs/grpo/demo_tiny.yaml", str(tiny_model_dir)),
+        ("configs/grpo/qwen3_vl_8b_charades.yaml", "Qwen/Qwen3-VL-8B-Instruct"),
+    ]
+    for recipe, model in cases:
+        plan = plan_recipe(recipe, gpu="h100-80gb", overrides={"model_name_or_path": model})
+        with caplog.at_level(logging.WARNING):
+            tokens = decode_cache_tokens(script_args_from_yaml(recipe), model, plan.work.completion_tokens)
+        assert tokens == plan.work.decode_cache_tokens, (recipe, tokens, plan.work.decode_cache_tokens)
+        assert "could not size" not in caplog.text

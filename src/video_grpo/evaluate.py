@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -259,12 +258,7 @@ def generate_parts(
     if decoder is not None and script_args is not None:  # the cache as long as the recipe's longest prompt
         from video_grpo.plan.startup import decode_cache_tokens
 
-        try:
-            decoder.max_cache_len = decode_cache_tokens(
-                script_args, args.model_name_or_path, args.max_new_tokens
-            )
-        except Exception as err:  # noqa: BLE001 (sized at the first call instead)
-            print(f"decode_compile: could not size the static cache from the recipe ({err})", file=sys.stderr)
+        decoder.max_cache_len = decode_cache_tokens(script_args, args.model_name_or_path, args.max_new_tokens)
     unit = "answer" if num_samples > 1 else "query"
     progress = tqdm(
         total=len(todo),

@@ -177,23 +177,13 @@ def build_trainer(
         decode_compile=script_args.decode_compile,
         decode_compile_backend=script_args.decode_compile_backend,
         decode_cuda_graphs=script_args.decode_cuda_graphs,
-        decode_cache_tokens=recipe_decode_cache_tokens(script_args, training_args, model_args),
-    )
-
-
-def recipe_decode_cache_tokens(script_args, training_args, model_args) -> int | None:
-    """The compiled decoder's static cache length from the recipe (None: sized at the first call, on a planner
-    error, which must not stop training)."""
-    try:
-        return decode_cache_tokens(
+        decode_cache_tokens=decode_cache_tokens(
             script_args,
             model_args.model_name_or_path,
             training_args.max_completion_length,
             model_args.model_revision,
-        )
-    except Exception as err:  # noqa: BLE001
-        logger.warning(f"decode_compile: could not size the static cache from the recipe ({err})")
-        return None
+        ),
+    )
 
 
 def parse_args(args: list[str] | None = None) -> tuple[GRPOScriptArguments, GRPOConfig, ModelConfig]:

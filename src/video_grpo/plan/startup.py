@@ -6,6 +6,7 @@ for the trainer (``video_grpo.grpo``). It also fits the run to its device (``aut
 from __future__ import annotations
 
 import functools
+import logging
 
 from video_grpo.plan.autofit import FitResult, auto_fit
 from video_grpo.plan.model import load_model_config, read_model_shape
@@ -16,6 +17,8 @@ from video_grpo.plan.workload import (
     workload_from_recipe,
     worst_case_video,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def launch_from_environment() -> dict:
@@ -132,20 +135,26 @@ def log_startup_plan(script_args, training_args, model_args, logger) -> Plan | N
 
 def decode_cache_tokens(
     script_args, model_name_or_path: str, completion_tokens: int, revision: str | None = None
-) -> int:
+) -> int | None:
     """Positions of the compiled decoder's static cache (``video_grpo.decode``) for a recipe's script arguments:
     the longest prompt its video budget allows, as the planner counts it, with room for ``completion_tokens``
-    (:func:`video_grpo.plan.workload.decode_cache_positions`). Reads the model's config.json only."""
+    (:func:`video_grpo.plan.workload.decode_cache_positions`). Reads the model's config.json only (once per
+    process, shared with the start-up plan). None, with a warning, when it cannot: the decoder then sizes its cache
+    at its first call, and a planner error never stops a run."""
     from video_grpo.families import detect_family
 
-    config = load_model_config(model_name_or_path, None, revision, local_only=False)
-    family = detect_family(config).with_text_timestamps(script_args.frame_timestamps_in_text)
-    visual, pairs, _ = worst_case_video(
-        family,
-        script_args.video_max_tokens,
-        script_args.video_max_frames,
-        script_args.video_min_pixels,
-        script_args.video_max_pixels,
-    )
+    try:
+        config, _, _ = model_of_run(model_name_or_path, revision)
+        family = detect_family(config).with_text_timestamps(script_args.frame_timestamps_in_text)
+        visual, pairs, _ = worst_case_video(
+            family,
+            script_args.video_max_tokens,
+            script_args.video_max_frames,
+            script_args.video_min_pixels,
+            script_args.video_max_pixels,
+        )
+    except Exception as err:  # noqa: BLE001 (any planner error: sized at the first call instead)
+        logger.warning(f"decode_compile: could not size the static cache from the recipe ({err})")
+        return None
     prompt = visual + text_tokens(family, script_args.prompt_template, pairs)
     return decode_cache_positions(prompt, pairs, completion_tokens)
