@@ -53,7 +53,13 @@ logger = logging.getLogger(__name__)
 
 DECODE_COMPILE_CHOICES = ("auto", "true", "false")
 BACKENDS = ("inductor", "aot_eager", "eager")
-CACHE_LEN_MULTIPLE = 64  # a cache sized from a call (not the recipe) is rounded up, so nearby widths share it
+CACHE_LEN_MULTIPLE = 64  # a static cache's length is rounded up to this, so nearby widths share one graph
+
+
+def cache_length(positions: int) -> int:
+    """A static cache's length for ``positions`` positions: rounded up to :data:`CACHE_LEN_MULTIPLE` (the
+    planner's recipe-sized cache and one sized at a call alike)."""
+    return -(-positions // CACHE_LEN_MULTIPLE) * CACHE_LEN_MULTIPLE
 
 
 def parse_decode_compile(value: Any, name: str = "decode_compile") -> str:
@@ -263,7 +269,7 @@ class CompiledDecoder:
             self.release()
         if rows > (self.rows or 0) or need > (self.max_cache_len or 0):
             self.rows = max(self.rows or 0, rows)
-            self.max_cache_len = max(self.max_cache_len or 0, _round_up(need, CACHE_LEN_MULTIPLE))
+            self.max_cache_len = max(self.max_cache_len or 0, cache_length(need))
         if self.cache is None:
             self._allocate(model, prefill_cache)
             if rows < self.rows:  # the views need every layer's tensors first
@@ -432,10 +438,6 @@ def evaluation_decoder(args, device, rows: int) -> CompiledDecoder | None:
     )
     logger.warning(f"decode_compile: {why}; a static cache of {rows} rows")
     return CompiledDecoder(rows, None, settings)
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def _backbone(model):

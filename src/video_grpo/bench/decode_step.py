@@ -27,6 +27,7 @@ import torch
 
 from video_grpo.bench.emit import emit
 from video_grpo.bench.qwen_widths import SMALL_VOCAB_TOKENS, published_config
+from video_grpo.decode import cache_length
 
 OVERHEAD_WIDTHS = {  # 64 wide, the 3B's 36 text layers, a small vocabulary: dispatch-bound, as a GPU at G = 8
     "hidden_size": 64,
@@ -246,9 +247,7 @@ def gpu_rows(
     for path, setting in settings.items():
         result = compare(model, inputs, new_tokens, calls, setting)
         width = inputs["input_ids"].shape[1]
-        from video_grpo.decode import CACHE_LEN_MULTIPLE
-
-        cache = -(-(width + new_tokens) // CACHE_LEN_MULTIPLE) * CACHE_LEN_MULTIPLE
+        cache = cache_length(width + new_tokens)
         limit = bandwidth_limit_seconds(
             model, rows, cache, torch.finfo(getattr(torch, dtype)).bits // 8, tb_per_s
         )

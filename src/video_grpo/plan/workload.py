@@ -26,16 +26,16 @@ TIME_TEXT_TOKENS = (
     7  # "<12.3 seconds>" before each temporal patch in Qwen3 families (6 under 10 s, 8 from 100 s)
 )
 CHARS_PER_TOKEN = 3.5  # for a recipe's own prompt_template: English text in Qwen's tokenizer, roughly
-DECODE_CACHE_MULTIPLE = 64  # the compiled decoder's static cache length is rounded up to this
 
 
 def decode_cache_positions(prompt_tokens: int, temporal_patches: int, completion_tokens: int) -> int:
     """Length of the compiled decoder's static cache (``decode_compile``; ``video_grpo.decode``): the worst-case
     prompt, one more token per frame pair (a clip's time text is 8 tokens from 100 s on, against
-    :data:`TIME_TEXT_TOKENS` 7), and every answer token, rounded up to :data:`DECODE_CACHE_MULTIPLE`. A prompt
+    :data:`TIME_TEXT_TOKENS` 7), and every answer token, rounded up as the decoder rounds (64). A prompt
     longer still makes the decoder reallocate the cache (one recompile, with a warning)."""
-    need = prompt_tokens + temporal_patches + completion_tokens
-    return -(-need // DECODE_CACHE_MULTIPLE) * DECODE_CACHE_MULTIPLE
+    from video_grpo.decode import cache_length
+
+    return cache_length(prompt_tokens + temporal_patches + completion_tokens)
 
 
 @dataclass(frozen=True)
