@@ -87,19 +87,16 @@ def generate(
     model,
     generate_fn=None,
     *,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    pixel_values_videos: torch.Tensor,
-    video_grid_thw: torch.Tensor,
-    mm_token_type_ids: torch.Tensor,
-    video_index: torch.Tensor | None = None,
     counts: list[int] | None = None,
     decoder: CompiledDecoder | None = None,
     share: bool = True,
-    **kwargs: Any,
+    **inputs: Any,
 ):
     """``model.generate(input_ids=..., ...)`` (``generate_fn``, default ``model.generate``) with each distinct
     left-padded prompt prefilled once. Rows must hold one video each (how every caller here builds them).
+    ``inputs``: ``input_ids``, ``attention_mask``, ``pixel_values_videos``, ``video_grid_thw`` and
+    ``mm_token_type_ids`` (required), ``video_index``, the time inputs and ``generate``'s own arguments (see
+    :func:`_generate`, whose signature names them).
 
     ``video_index``: if given, ``pixel_values_videos`` holds each distinct video once (see
     :func:`video_grpo.processing.unique_videos`) and row ``r`` shows video ``video_index[r]``, so no row's copy of
@@ -109,15 +106,6 @@ def generate(
     path fails before any step ran through it, the decoder turns itself off with a warning and the call is made
     again on the plain path. ``share=False`` prefills every row itself (``shared_prefix: false`` with
     ``decode_compile`` on: the same forwards as plain ``generate``'s prefill, into a cache the decoder copies)."""
-    inputs = dict(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        pixel_values_videos=pixel_values_videos,
-        video_grid_thw=video_grid_thw,
-        mm_token_type_ids=mm_token_type_ids,
-        video_index=video_index,
-        **kwargs,
-    )
     if decoder is None or not decoder.enabled:
         return _generate(model, generate_fn, counts=counts, share=share, **inputs)
     counted = list(counts) if counts is not None else None
