@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
+from video_grpo.checkpointing import keep_one_input_grad_hook
 from video_grpo.decode import CompiledDecoder, decode_compile_on, decode_settings, parse_decode_compile
 from video_grpo.encoder import install
 from video_grpo.families import detect_family
@@ -133,6 +134,8 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             first generation call).
         """
         super().__init__(*args, **kwargs)
+        # TRL switches checkpointing off and on around generation; each switch-on adds an input-gradient hook
+        keep_one_input_grad_hook(self.model)
         self.gt_guidance = gt_guidance
         self.advantage_shaping = advantage_shaping
         self.answer_template = answer_template
