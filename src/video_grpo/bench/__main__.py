@@ -1,6 +1,6 @@
-"""``python -m video_grpo.bench perf [--quick]``, ``python -m video_grpo.bench learning [--plot P] [--quick]`` and
-``python -m video_grpo.bench plan [--quick]``: the benchmarks, one JSON line per measurement on stdout (everything
-else goes to stderr)."""
+"""``python -m video_grpo.bench perf [--quick]``, ``python -m video_grpo.bench learning [--plot P] [--quick]``,
+``python -m video_grpo.bench plan [--quick]`` and ``python -m video_grpo.bench soak [--steps N] [--check]``: the
+benchmarks, one JSON line per measurement on stdout (everything else goes to stderr)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,19 @@ def main(argv: list[str] | None = None) -> int:
         "--cells",
         help="START:END, a slice of the grid's cells (split a run over processes; 0:0 runs no cell)",
     )
+    from video_grpo.bench import soak
+
+    soak_parser = sub.add_parser(
+        "soak",
+        help="hundreds of GRPO steps, compiled and eager decoding: does time or memory drift?",
+        description=soak.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    soak.add_arguments(soak_parser)
     args = parser.parse_args(argv)
+    if args.command == "soak":
+        json_lines.emit_stream = sys.stdout
+        return soak.soak(args)
     if args.command == "plan":
         from video_grpo.bench.plan_check import plan_rows
 
