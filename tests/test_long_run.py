@@ -76,13 +76,17 @@ def test_a_long_run_stays_healthy(decoding, tiny_model_dir, train_file, tmp_path
     trainer._generate_single_turn = spy
     trainer.train()
 
-    assert len(counts.hooks) == STEPS and all(hooks == counts.hooks[0] for hooks in counts.hooks), counts.hooks
+    assert len(counts.hooks) == STEPS and all(hooks == counts.hooks[0] for hooks in counts.hooks), (
+        counts.hooks
+    )
     assert counts.hooks[0] and set(counts.hooks[0]) == {1}
     assert len(widths) >= 3, widths  # prompts of at least three widths were generated from
     history = trainer.state.log_history
     evaluations = [entry for entry in history if "eval_mIoU" in entry]
     assert len(evaluations) == STEPS // 4, evaluations
-    compiled = [entry["decode/compiled"] for entry in history if "decode/compiled" in entry and "loss" in entry]
+    compiled = [
+        entry["decode/compiled"] for entry in history if "decode/compiled" in entry and "loss" in entry
+    ]
     assert len(compiled) == STEPS, history
     if decoding == "eager":
         assert compiled == [0.0] * STEPS and trainer.decoder is None

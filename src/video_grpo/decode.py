@@ -140,6 +140,19 @@ def step_fullgraph(
     return True, "one graph"
 
 
+def step_shape(config) -> dict[str, Any]:
+    """What :func:`step_fullgraph` reads from a model's config: its attention implementation, and the layer types
+    its family may run through hub kernels (``families.ModelFamily.kernel_layers``) that the model has."""
+    from video_grpo.families import detect_family
+    from video_grpo.prefix import stateful_layers
+
+    layers = set(stateful_layers(config))
+    return {
+        "attn_implementation": getattr(config, "_attn_implementation", None),
+        "kernel_layers": tuple(kind for kind in detect_family(config).kernel_layers if kind in layers),
+    }
+
+
 def decode_settings(
     backend: str,
     device: torch.device | str,
@@ -638,9 +651,10 @@ def _cuda_graphs_argument(value: str) -> bool:
         raise argparse.ArgumentTypeError(str(err).split(": ", 1)[1]) from err
 
 
-def evaluation_decoder(args, device, rows: int) -> CompiledDecoder | None:
+def evaluation_decoder(args, device, rows: int, config=None) -> CompiledDecoder | None:
     """The decoder of ``evaluate run`` / ``curate`` (``args.decode_compile``), or None to decode eagerly: ``rows``
-    answers per generate call; its cache length is set by the caller from the recipe (else: the first call's)."""
+    answers per generate call; its cache length is set by the caller from the recipe (else: the first call's).
+    ``config``: the model's, whose attention implementation and layers decide ``fullgraph`` (:func:`step_shape`)."""
     value = parse_decode_compile(getattr(args, "decode_compile", "false"))
     if not decode_compile_on(value, device):
         return None
@@ -648,6 +662,7 @@ def evaluation_decoder(args, device, rows: int) -> CompiledDecoder | None:
         getattr(args, "decode_compile_backend", "inductor"),
         device,
         cuda_graphs=getattr(args, "decode_cuda_graphs", False),
+        **(step_shape(config) if config is not None else {}),
     )
     logger.warning(f"decode_compile: {why}; a static cache of {rows} rows")
     return CompiledDecoder(rows, None, settings, strict=value == "true")

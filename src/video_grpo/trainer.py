@@ -29,6 +29,7 @@ from video_grpo.decode import (
     decode_compile_on,
     decode_settings,
     parse_decode_compile,
+    step_shape,
 )
 from video_grpo.encoder import install
 from video_grpo.families import detect_family
@@ -38,7 +39,6 @@ from video_grpo.prefix import (
     PackedRows,
     forkable_state,
     pack_rows,
-    stateful_layers,
     unforkable_layers,
     unsupported_reason,
 )
@@ -220,17 +220,13 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         if not decode_compile_on(value, device):
             return None
         plugin = self.accelerator.state.deepspeed_plugin
-        config = self.model.config
         settings, why = decode_settings(
             backend,
             device,
             zero_stage=plugin.zero_stage if plugin is not None else 0,
             gather_for_generation=self.args.ds3_gather_for_generation,
             cuda_graphs=cuda_graphs,
-            attn_implementation=getattr(config, "_attn_implementation", None),
-            kernel_layers=tuple(
-                kind for kind in self.family.kernel_layers if kind in stateful_layers(config)
-            ),
+            **step_shape(self.model.config),
         )
         if settings is None:
             if value == "true":
