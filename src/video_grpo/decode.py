@@ -35,12 +35,12 @@ whenever CUDA graphs are: the cache then stays allocated for the run, which the 
 ``ds3_gather_for_generation`` the weights are gathered into new buffers for each generation call (they moved
 between calls on the CPU twin), so there the step is compiled without CUDA graphs (see :func:`decode_settings`).
 Inductor may still skip CUDA graphs it was asked for; each call counts the skips (``decode/cuda_graph_skips``) and
-warns.
+warns. Without CUDA graphs the cache is allocated per call and freed after it: the memory a plan shows for eager
+decoding, within a few percent.
 
 A compiled path never ends an ``auto`` run: any failure but an allocation failure, at any step, makes that call
 decode again eagerly and turns compiling off with one warning naming the cause (``decode/fallbacks``);
-``decode_compile: true`` stops with a clear error instead (:func:`video_grpo.prefill.generate`). Without CUDA graphs the cache is allocated per call and freed
-after it: the memory a plan shows for eager decoding, within a few percent.
+``decode_compile: true`` stops with a clear error instead (:func:`video_grpo.prefill.generate`).
 
 Exactness: the step computes what the eager step computes (``tests/test_decode_compile.py``: the same greedy and
 same-seed sampled tokens in every family, fp32). In bf16 on a GPU a fused kernel may round differently, which can
