@@ -9,9 +9,11 @@ gradients only through it. The training runs that count hooks step by step are i
 
 from __future__ import annotations
 
+from copy import deepcopy
+
 import pytest
 import torch
-from transformers import AutoModelForImageTextToText
+from transformers import AutoModelForImageTextToText, PreTrainedModel
 
 from video_grpo.checkpointing import input_grad_hooks, keep_one_input_grad_hook
 
@@ -62,6 +64,13 @@ def test_one_hook_however_often_checkpointing_is_switched(family, reentrant, pef
     keep_one_input_grad_hook(model)  # idempotent: a second install wraps nothing twice
     cycle(model, kwargs)
     assert input_grad_hooks(model) == one_each
+    copy = deepcopy(model)  # the copy's switch keeps the copy's hooks, and leaves the original's alone
+    cycle(copy, kwargs)
+    assert input_grad_hooks(copy) == one_each and input_grad_hooks(model) == one_each
+    bound = [
+        m.enable_input_require_grads.__self__ is m for m in copy.modules() if isinstance(m, PreTrainedModel)
+    ]
+    assert bound and all(bound)
 
 
 def test_lora_with_reentrant_checkpointing_still_gets_gradients(tiny_model_dir):

@@ -123,6 +123,15 @@ def test_decode_compile_from_yaml_and_the_command_line(tmp_path):
         "auto",
         "true",
     ]
+    path.write_text(yaml.safe_dump({**recipe, "decode_cuda_graphs": "auto"}))  # a YAML string, not a bool
+    with pytest.raises(SystemExit):  # the parser's bool type refuses it
+        parse_args(["--config", str(path)])
+    path.write_text(yaml.safe_dump({**recipe, "decode_cuda_graphs": "no"}))
+    assert parse_args(["--config", str(path)])[0].decode_cuda_graphs is False
+    from video_grpo.configs import GRPOScriptArguments
+
+    with pytest.raises(ValueError, match="GRPOScriptArguments.decode_cuda_graphs: 'auto' is not a choice"):
+        GRPOScriptArguments(train_file="a.jsonl", decode_cuda_graphs="auto")  # built in code, not parsed
 
 
 @pytest.mark.parametrize("tool", ["evaluate", "curate"])
@@ -134,6 +143,9 @@ def test_evaluate_and_curate_take_the_switch(tool, capsys):
         main((["run"] if tool == "evaluate" else []) + ["--help"])
     shown = capsys.readouterr().out
     assert "--decode_compile DECODE_COMPILE" in shown and "--decode_compile_backend" in shown
+    with pytest.raises(SystemExit):
+        main((["run"] if tool == "evaluate" else []) + ["--decode_cuda_graphs", "auto"])
+    assert "'auto' is not a choice; say true or false" in capsys.readouterr().err
 
 
 def test_cuda_graphs_only_when_asked_and_where_every_address_stays():
@@ -149,6 +161,27 @@ def test_cuda_graphs_only_when_asked_and_where_every_address_stays():
     assert not settings.cuda_graphs and not settings.persistent and not settings.fullgraph and "ZeRO-3" in why
     assert not decode_settings("inductor", "cpu", cuda_graphs=True)[0].cuda_graphs
     assert not decode_settings("aot_eager", "cuda", cuda_graphs=True)[0].cuda_graphs
+    settings, why = decode_settings("inductor", "cuda", 3, gather_for_generation=False)
+    assert settings is None and "ds3_gather_for_generation" in why  # the one place ZeRO-3 decides eager
+
+
+def test_one_graph_or_several_is_decided_before_compiling(family_model):
+    """From the model's config, before anything compiles: FlashAttention (the GPU recipes' choice) is a graph
+    break, so a one-graph step would fail at its first call; Qwen3.5's Gated DeltaNet may run hub kernels on
+    CUDA. sdpa and eager attention elsewhere: one graph."""
+    from transformers import AutoConfig
+
+    from video_grpo.decode import step_shape
+
+    for family in ("qwen2_5_vl", "qwen3_vl", "qwen3_5"):
+        config = AutoConfig.from_pretrained(family_model(family))
+        config._attn_implementation = "sdpa"
+        on_gpu = decode_settings("inductor", "cuda", **step_shape(config))[0]
+        assert on_gpu.fullgraph == (family != "qwen3_5"), family
+        assert decode_settings("inductor", "cpu", **step_shape(config))[0].fullgraph, family
+        config._attn_implementation = "flash_attention_2"
+        settings, why = decode_settings("inductor", "cuda", **step_shape(config))
+        assert not settings.fullgraph and "flash_attention_2 is a graph break" in why, family
 
 
 def test_select_cache_rows_refuses_a_static_layer(tiny_model_dir):

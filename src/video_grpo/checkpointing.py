@@ -23,6 +23,8 @@ go then.
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 HOOK_QUALNAME = "enable_input_require_grads.<locals>.make_inputs_require_grads"
@@ -71,19 +73,19 @@ def _keep_newest(model) -> None:
                 table.pop(key, None)
 
 
+def _enable_keeping_one(self) -> None:
+    """``enable_input_require_grads`` as the class defines it, then one hook per embedding module."""
+    type(self).enable_input_require_grads(self)
+    _keep_newest(self)
+
+
 def keep_one_input_grad_hook(model) -> None:
     """Make every ``enable_input_require_grads`` of ``model`` (a ``PreTrainedModel`` or a PEFT model around one)
-    leave one input-gradient hook per embedding module, and drop the extra ones already there. Idempotent."""
+    leave one input-gradient hook per embedding module, and drop the extra ones already there. Idempotent. Bound
+    to each module (not a closure), so a deep copy of the model binds the copy."""
     from transformers import PreTrainedModel
 
     for module in model.modules():
-        if not isinstance(module, PreTrainedModel) or "enable_input_require_grads" in vars(module):
-            continue
-        original = module.enable_input_require_grads
-
-        def enable(original=original, module=module) -> None:
-            original()
-            _keep_newest(module)
-
-        module.enable_input_require_grads = enable
+        if isinstance(module, PreTrainedModel) and "enable_input_require_grads" not in vars(module):
+            module.enable_input_require_grads = types.MethodType(_enable_keeping_one, module)
     _keep_newest(model)

@@ -303,12 +303,16 @@ class GRPOScriptArguments:
             fail("auto_fit_memory_gb", f"must be > 0 (GB), got {self.auto_fit_memory_gb}.")
         if not 0 <= self.max_bad_sample_fraction <= 1:
             fail("max_bad_sample_fraction", f"must be in [0, 1], got {self.max_bad_sample_fraction}.")
-        from video_grpo.decode import BACKENDS, parse_decode_compile
+        from video_grpo.decode import BACKENDS, parse_cuda_graphs, parse_decode_compile
 
         try:
             self.decode_compile = parse_decode_compile(self.decode_compile)
         except ValueError as err:
             fail("decode_compile", str(err).split(": ", 1)[1])
+        try:  # a YAML string reaches the bool field unparsed: "auto" or "no" must not read as true
+            self.decode_cuda_graphs = parse_cuda_graphs(self.decode_cuda_graphs)
+        except ValueError as err:
+            fail("decode_cuda_graphs", str(err).split(": ", 1)[1])
         if self.decode_compile_backend not in BACKENDS:
             fail(
                 "decode_compile_backend",

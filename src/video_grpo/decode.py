@@ -20,18 +20,27 @@ run at a fixed shape:
    ``input_ids (rows, 1)``, position ids, ``mm_token_type_ids``, the mask and the cache, in one graph. Within one
    call, only the first step checks every dynamo guard (:meth:`CompiledDecoder._step`).
 
-Graphs: one per model mode (training generation runs the model in train mode, evaluation in eval mode) and per
-row count of a sampled call (training samples one count: TRL yields whole generation batches only); so a run with
-evaluation compiles 2-3. Anything beyond the first is counted in ``decode/recompiles``. A cache that must grow (a
-prompt longer than the recipe's worst case) or a call with more rows than planned is reallocated: one recompile,
-with a warning.
+Graphs: one per call shape: model mode (training generation runs the model in train mode, evaluation in eval mode)
+x row count of a sampled call (training samples one count: TRL yields whole generation batches only) x cache length
+(one more each time the cache grows); so a run with evaluation compiles 2-3. Anything beyond the first is counted in
+``decode/recompiles``. A cache that must grow (a prompt longer than the recipe's worst case) or a call with more
+rows than planned is reallocated: one recompile, with a warning each time. A recompile that no new call shape
+explains (a guard on something that should not change, such as a module's hooks) is logged with the guard that
+failed; after :data:`MAX_UNEXPECTED_RECOMPILES` of them, or before torch's recompile limit, the step refuses to
+compile and the decoder falls back (:func:`_counting_backend`).
 
 CUDA graphs (``decode_cuda_graphs``, off by default) replay the whole step as one launch; they bake in the
 addresses of the weights and the cache. The cache keeps its addresses by construction (``keep_cache``, on
 whenever CUDA graphs are: the cache then stays allocated for the run, which the planner counts). Under ZeRO-3 with
-``ds3_gather_for_generation`` the weights are gathered into new buffers every step, so there the step is compiled
-without CUDA graphs (see :func:`decode_settings`). Without CUDA graphs the cache is allocated per call and freed
-after it: the memory a plan shows for eager decoding, within a few percent.
+``ds3_gather_for_generation`` the weights are gathered into new buffers for each generation call (they moved
+between calls on the CPU twin), so there the step is compiled without CUDA graphs (see :func:`decode_settings`).
+Inductor may still skip CUDA graphs it was asked for; each call counts the skips (``decode/cuda_graph_skips``) and
+warns. Without CUDA graphs the cache is allocated per call and freed after it: the memory a plan shows for eager
+decoding, within a few percent.
+
+A compiled path never ends an ``auto`` run: any failure but an allocation failure, at any step, makes that call
+decode again eagerly and turns compiling off with one warning naming the cause (``decode/fallbacks``);
+``decode_compile: true`` stops with a clear error instead (:func:`video_grpo.prefill.generate`).
 
 Exactness: the step computes what the eager step computes (``tests/test_decode_compile.py``: the same greedy and
 same-seed sampled tokens in every family, fp32). In bf16 on a GPU a fused kernel may round differently, which can
@@ -89,8 +98,7 @@ def decode_compile_on(value: str, device: torch.device | str) -> bool:
 class DecodeSettings:
     """How the step is compiled. ``cuda_graphs``: replay the step as one CUDA graph (inductor on CUDA only);
     ``keep_cache``: the static cache stays allocated between calls (needed with CUDA graphs; default: as
-    ``cuda_graphs``); ``fullgraph``: the step must be one graph (False under ZeRO-3: DeepSpeed leaves a pre-forward
-    hook on the model during generation that dynamo will not trace; it then runs eagerly before the graph)."""
+    ``cuda_graphs``); ``fullgraph``: the step must be one graph (decided before compiling by :func:`step_fullgraph`)."""
 
     backend: str = "inductor"
     cuda_graphs: bool = False
@@ -108,54 +116,161 @@ class DecodeSettings:
         return self.cuda_graphs if self.keep_cache is None else self.keep_cache
 
 
+def step_fullgraph(
+    zero_stage: int = 0,
+    attn_implementation: str | None = None,
+    device: torch.device | str = "cpu",
+    kernel_layers: tuple[str, ...] = (),
+) -> tuple[bool, str]:
+    """Whether the step can be compiled as one graph, and why not, decided before anything is compiled (a step
+    compiled with ``fullgraph=True`` that meets a graph break fails at its first call):
+
+    - ZeRO-3: DeepSpeed leaves a pre-forward hook on the model during generation that dynamo will not trace; it
+      runs eagerly before the graph.
+    - FlashAttention (``flash_attention_2`` / ``_3``, what the GPU recipes recommend): its kernel is an opaque call,
+      and transformers itself sets ``fullgraph=False`` for it (``_valid_auto_compile_criteria``, 5.24).
+    - ``kernel_layers`` (the family's :attr:`~video_grpo.families.ModelFamily.kernel_layers`, e.g. Qwen3.5's
+      Gated DeltaNet) on CUDA, where transformers runs them through hub kernels that may not trace."""
+    if zero_stage == 3:
+        return False, "ZeRO-3's pre-forward hook runs between graphs"
+    if attn_implementation and attn_implementation.startswith("flash_attention"):
+        return False, f"{attn_implementation} is a graph break"
+    if kernel_layers and torch.device(device).type == "cuda":
+        return False, f"{', '.join(kernel_layers)} layers may run hub kernels on CUDA"
+    return True, "one graph"
+
+
+def step_shape(config) -> dict[str, Any]:
+    """What :func:`step_fullgraph` reads from a model's config: its attention implementation, and the layer types
+    its family may run through hub kernels (``families.ModelFamily.kernel_layers``) that the model has."""
+    from video_grpo.families import detect_family
+    from video_grpo.prefix import stateful_layers
+
+    layers = set(stateful_layers(config))
+    return {
+        "attn_implementation": getattr(config, "_attn_implementation", None),
+        "kernel_layers": tuple(kind for kind in detect_family(config).kernel_layers if kind in layers),
+    }
+
+
 def decode_settings(
     backend: str,
     device: torch.device | str,
     zero_stage: int = 0,
     gather_for_generation: bool = True,
     cuda_graphs: bool = False,
-) -> tuple[DecodeSettings, str]:
-    """The settings for a run, and why, in one line for the log. ``cuda_graphs``: asked for
-    (``decode_cuda_graphs``); granted on CUDA with inductor, except under ZeRO-3.
+    attn_implementation: str | None = None,
+    kernel_layers: tuple[str, ...] = (),
+) -> tuple[DecodeSettings | None, str]:
+    """The settings for a run (None: the step cannot be compiled here), and why, in one line for the log. The one
+    place that decides how ZeRO-3 decodes; the trainer and the planner (``plan.workload.decode_path``) ask it.
 
-    CUDA graphs need every address the step reads to stay fixed. The cache's do, because it then stays allocated
-    for the run (:class:`CompiledDecoder`), which costs its bytes at every phase of the step: rows x the longest
-    prompt and answer x KV bytes per token, 20 GB per GPU for the TimeLens-8B preset; so they are asked for, not
-    default. The weights' addresses stay fixed too, except under ZeRO-3, where ``ds3_gather_for_generation``
-    gathers them into buffers allocated anew each step (measured on the CPU twin: ``tests/test_zero3_bf16.py``):
-    there the step is compiled without CUDA graphs, which keeps the kernel fusion and drops the one-launch replay."""
+    - ZeRO-3 without ``ds3_gather_for_generation``: not compiled. Each layer's weights are fetched inside the
+      forward, so no rank holds the whole policy while decoding.
+    - CUDA graphs (``decode_cuda_graphs``, asked for) need every address the step reads to stay fixed. The cache's
+      do, because it then stays allocated for the run (:class:`CompiledDecoder`), which costs its bytes at every
+      phase of the step: rows x the longest prompt and answer x KV bytes per token, 20 GB per GPU for the
+      TimeLens-8B preset; so they are not the default. The weights' addresses stay fixed too, except under ZeRO-3,
+      where ``ds3_gather_for_generation`` gathers them into buffers allocated anew for each generation call
+      (measured on the CPU twin, ``tests/test_zero3_bf16.py``: the weights moved between calls): there the step is
+      compiled without CUDA graphs, which keeps the kernel fusion and drops the one-launch replay.
+    - ``fullgraph``: :func:`step_fullgraph`."""
+    if zero_stage == 3 and not gather_for_generation:
+        return None, (
+            "ZeRO-3 without ds3_gather_for_generation fetches each layer's weights inside the forward, so no rank "
+            "holds the whole policy while decoding"
+        )
     on_cuda = torch.device(device).type == "cuda"
-    fullgraph = zero_stage != 3
+    fullgraph, graph_why = step_fullgraph(zero_stage, attn_implementation, device, kernel_layers)
+    shape = "one graph" if fullgraph else f"graph breaks allowed ({graph_why})"
     plain = DecodeSettings(backend, False, fullgraph=fullgraph)
     if not cuda_graphs:
-        return plain, f"compiled ({backend}), without CUDA graphs (decode_cuda_graphs: false)"
+        return plain, f"compiled ({backend}, {shape}), without CUDA graphs (decode_cuda_graphs: false)"
     if not on_cuda or backend != "inductor":
         why = "not on CUDA" if not on_cuda else f"they need the inductor backend, not {backend}"
-        return plain, f"compiled ({backend}) without the CUDA graphs asked for: {why}"
-    if zero_stage == 3 and gather_for_generation:
+        return plain, f"compiled ({backend}, {shape}) without the CUDA graphs asked for: {why}"
+    if zero_stage == 3:
         return plain, (
-            "compiled (inductor) without the CUDA graphs asked for: ZeRO-3 gathers the weights into new "
-            "buffers each step"
+            f"compiled (inductor, {shape}) without the CUDA graphs asked for: ZeRO-3 gathers the weights into new "
+            "buffers for each generation call"
         )
-    return DecodeSettings(backend, True, fullgraph=fullgraph), "compiled (inductor) with CUDA graphs"
+    return DecodeSettings(
+        backend, True, fullgraph=fullgraph
+    ), f"compiled (inductor, {shape}) with CUDA graphs"
+
+
+# torch's recompile_limit (8 in torch 2.14) counts the graphs of one code object, the model's __call__ here; the
+# decoder stops compiling before it, and after this many recompiles for a call shape it had already compiled
+MAX_UNEXPECTED_RECOMPILES = 2
 
 
 @dataclass
 class DecodeStats:
     """What the compiled path did: graphs compiled (the first, then every recompile), decode steps run through
-    a compiled graph, generate calls, and calls that fell back to eager after a failure."""
+    a compiled graph (counted after each returns), generate calls, calls that fell back to eager after a failure,
+    recompiles that no new call shape explains (each one's failed guard in ``last_guard_failure``), cache
+    growths beyond the recipe's size, and CUDA graphs inductor skipped.
+
+    The bound on graphs: one per call shape, ``graph_keys``: model mode (training generation runs the model in
+    train mode, evaluation in eval mode) x row count of a sampled call (training samples one count) x cache length
+    (one more per growth). A run with evaluation needs 2-3."""
 
     graphs: int = 0
     compiled_steps: int = 0
     calls: int = 0
     fallbacks: int = 0
+    unexpected_recompiles: int = 0
+    cache_growths: int = 0
+    cuda_graph_skips: int = 0
+    last_guard_failure: str = ""
     graph_keys: set = field(default_factory=set)  # (rows, cache length, train mode) of each call
+    new_key: bool = False  # the call being decoded has a shape no earlier call had
 
     @property
     def recompiles(self) -> int:
-        """Graphs beyond the first: another model mode (evaluation runs the model in eval mode), another row count
-        of a sampled call, a reallocated cache."""
+        """Graphs beyond the first: another call shape (see the class doc), or an unexpected recompile."""
         return max(0, self.graphs - 1)
+
+
+class CompiledDecodeFailed(RuntimeError):
+    """The compiled path failed in a way that is not out of memory: a backend or kernel compile error, a CUDA graph
+    capture error, a recompile storm. ``auto`` decodes the call again eagerly; ``true`` stops the run."""
+
+
+class GraphBoundExceeded(RuntimeError):
+    """The step would compile more graphs than its call shapes explain, or reach torch's recompile limit."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error``, or any error it was raised from, is an allocation failure (CUDA's ``OutOfMemoryError``,
+    or the CPU allocator's): never taken for a compile failure."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error).lower()
+        if (
+            isinstance(error, torch.OutOfMemoryError)
+            or "out of memory" in text
+            or "can't allocate memory" in text
+        ):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def newest_guard_failure() -> str:
+    """The reason dynamo gave for its latest recompile, in any function (dynamo records one per failed guard
+    check that led to a compile, even with its logs off)."""
+    from torch._dynamo.utils import guard_failures
+
+    reasons = [reason for failures in guard_failures.values() for reason in failures[-1:]]
+    return reasons[-1].splitlines()[0] if reasons else ""
+
+
+def _cuda_graph_skips() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
 
 
 def _compile_graph(settings: DecodeSettings, graph, example_inputs):
@@ -169,15 +284,34 @@ def _compile_graph(settings: DecodeSettings, graph, example_inputs):
 
 def _counting_backend(settings: DecodeSettings, stats: DecodeStats):
     """A ``torch.compile`` backend (a plain function, so transformers' deep-copied ``CompileConfig`` compares equal
-    and its compiled call is reused) that counts graphs and the steps run through them."""
+    and its compiled call is reused) that counts graphs and the steps run through them (after each returns), and
+    keeps the graph count within its bound (see :class:`DecodeStats`): a graph for a call shape compiled before
+    is an unexpected recompile, logged with the guard that failed; past :data:`MAX_UNEXPECTED_RECOMPILES`, or at
+    torch's recompile limit, it refuses to compile, and the decoder falls back (``auto``) or stops (``true``)."""
 
     def backend(graph, example_inputs, **_):
+        limit = torch._dynamo.config.recompile_limit
+        if not stats.new_key:
+            stats.unexpected_recompiles += 1
+            stats.last_guard_failure = newest_guard_failure()
+            logger.warning(
+                "decode_compile: the step recompiled for a call shape it had compiled before (guard that failed: "
+                f"{stats.last_guard_failure or 'unknown'}); {stats.unexpected_recompiles} such recompile(s)"
+            )
+        entries = len(stats.graph_keys) + stats.unexpected_recompiles
+        if stats.unexpected_recompiles > MAX_UNEXPECTED_RECOMPILES or entries >= limit:
+            raise GraphBoundExceeded(
+                f"{stats.graphs} graphs compiled for {len(stats.graph_keys)} call shape(s), "
+                f"{stats.unexpected_recompiles} unexpected recompile(s), torch's recompile_limit {limit}; guard that "
+                f"failed last: {stats.last_guard_failure or 'unknown'}"
+            )
         stats.graphs += 1
         compiled = _compile_graph(settings, graph, example_inputs)
 
         def run(*args, **kwargs):
+            output = compiled(*args, **kwargs)
             stats.compiled_steps += 1
-            return compiled(*args, **kwargs)
+            return output
 
         if hasattr(compiled, "_boxed_call"):  # how the caller hands over the inputs, as the backend said
             run._boxed_call = compiled._boxed_call
@@ -190,13 +324,16 @@ class CompiledDecoder:
     """One static cache and one compiled decode step for a model's generation calls (see the module doc).
 
     ``rows``: rows of the largest generation call (None: the first call's); ``max_cache_len``: the longest
-    prompt plus the most new tokens (None: from the first call, rounded up to :data:`CACHE_LEN_MULTIPLE`)."""
+    prompt plus the most new tokens (None: from the first call, rounded up to :data:`CACHE_LEN_MULTIPLE`).
+    ``strict`` (``decode_compile: true``): a failure of the compiled path stops the run with a clear error instead
+    of falling back to eager decoding (``auto``)."""
 
     def __init__(
         self,
         rows: int | None = None,
         max_cache_len: int | None = None,
         settings: DecodeSettings | None = None,
+        strict: bool = False,
     ) -> None:
         from transformers import CompileConfig
 
@@ -204,6 +341,7 @@ class CompiledDecoder:
         self.max_cache_len = max_cache_len
         self.settings = settings or DecodeSettings()
         self.stats = DecodeStats()
+        self.strict = strict
         self.cache = None  # the static cache of ``rows`` rows
         self._views: dict[int, Any] = {}  # fewer rows: caches whose tensors are the first rows of ``cache``
         self.enabled = True
@@ -261,10 +399,13 @@ class CompiledDecoder:
         of the static cache, in place, making room for ``new_tokens``; returns the cache of ``len(index)`` rows.
         The prefill's tensors are freed layer by layer as they are copied."""
         rows, need = len(index), width + new_tokens
-        if self.cache is not None and (rows > self.rows or need > self.max_cache_len):
+        sized = self.rows is not None and self.max_cache_len is not None
+        if sized and (rows > self.rows or need > self.max_cache_len):
+            self.stats.cache_growths += 1
             logger.warning(
                 f"decode_compile: a call needs {rows} rows x {need} positions, beyond the static cache's "
-                f"{self.rows} x {self.max_cache_len}; it is reallocated larger, and the step recompiles."
+                f"{self.rows} x {self.max_cache_len} (sized from the recipe's longest prompt); it grows, and the step "
+                "compiles one more graph. Raise the recipe's decode cache estimate if this repeats."
             )
             self.release()
         if rows > (self.rows or 0) or need > (self.max_cache_len or 0):
@@ -331,18 +472,50 @@ class CompiledDecoder:
             return compiled(*args, **kwargs)
 
     def turn_off(self, error: BaseException) -> None:
-        """After a failure of the compiled path before any step ran through it: eager decoding from now on."""
+        """After a failure of the compiled path (``auto``): eager decoding from now on, said once."""
         self.enabled = self.last_call_compiled = False
         self.stats.fallbacks += 1
         self.release()
         logger.warning(
-            f"decode_compile: the compiled decode step failed ({type(error).__name__}: {error}); decoding eagerly "
-            "from now on (decode/compiled = 0). Set decode_compile: false to silence this."
+            f"decode_compile: the compiled decode step failed ({describe_failure(error)}); this call and every "
+            "later one decode eagerly (decode/compiled = 0, decode/fallbacks = 1). Set decode_compile: false to "
+            "silence this, or true to make it an error."
+        )
+
+    def failure_error(self, error: BaseException) -> RuntimeError:
+        """The error that stops a ``decode_compile: true`` run."""
+        return RuntimeError(
+            f"decode_compile: true, and the compiled decode step failed ({describe_failure(error)}). Set "
+            "decode_compile: auto to fall back to eager decoding when this happens, or false to decode eagerly."
         )
 
     # -- decoding -------------------------------------------------------------------------------------------
 
     def generate(
+        self,
+        model,
+        generate_fn,
+        prefill_cache,
+        index: torch.Tensor,
+        **inputs: Any,
+    ):
+        """``generate_fn`` (the model's ``generate``) over the rows, each starting from row ``index[r]`` of
+        ``prefill_cache`` (which holds every prompt but its last token), through the compiled step. Any failure
+        but an allocation failure is raised as :class:`CompiledDecodeFailed` (the caller decodes the call again
+        eagerly, or stops the run); an out-of-memory error propagates as it is.
+
+        A greedy call with fewer rows than the cache is padded to them (copies of its last row, whose answers are
+        dropped), so it reuses the graph. A sampled call is not: the padding rows would draw from the random
+        generator too and change every later token, so it decodes on the cache's first rows, and a new row count
+        compiles one more graph (training samples a fixed count: TRL yields whole generation batches only)."""
+        try:
+            return self._generate(model, generate_fn, prefill_cache, index, **inputs)
+        except Exception as err:
+            if is_out_of_memory(err):
+                raise
+            raise CompiledDecodeFailed(describe_failure(err)) from err
+
+    def _generate(
         self,
         model,
         generate_fn,
@@ -354,13 +527,8 @@ class CompiledDecoder:
         mm_token_type_ids: torch.Tensor,
         **kwargs: Any,
     ):
-        """``generate_fn`` (the model's ``generate``) over the rows, each starting from row ``index[r]`` of
-        ``prefill_cache`` (which holds every prompt but its last token), through the compiled step.
-
-        A greedy call with fewer rows than the cache is padded to them (copies of its last row, whose answers are
-        dropped), so it reuses the graph. A sampled call is not: the padding rows would draw from the random
-        generator too and change every later token, so it decodes on the cache's first rows, and a new row count
-        compiles one more graph (training samples a fixed count: TRL yields whole generation batches only)."""
+        """:meth:`generate`'s work: ``input_ids``, ``attention_mask`` and ``mm_token_type_ids`` of every row, and
+        ``generate``'s own arguments."""
         config = kwargs.get("generation_config") or model.generation_config
         new_tokens = kwargs.get("max_new_tokens") or config.max_new_tokens
         if new_tokens is None:
@@ -380,9 +548,11 @@ class CompiledDecoder:
         backbone.rope_deltas = backbone.rope_deltas[index]
         cache = self.fill(model, prefill_cache, index, input_ids.shape[1], new_tokens)
         del prefill_cache
-        self.stats.graph_keys.add((rows, self.max_cache_len, model.training))
+        key = (rows, self.max_cache_len, model.training)
+        self.stats.new_key = key not in self.stats.graph_keys
+        self.stats.graph_keys.add(key)
         self.stats.calls += 1
-        steps_before = self.stats.compiled_steps
+        steps_before, skips_before = self.stats.compiled_steps, _cuda_graph_skips()
         language_model = model.get_base_model() if hasattr(model, "get_base_model") else model
         try:
             with self._serving_step(language_model):
@@ -400,7 +570,45 @@ class CompiledDecoder:
             if not self.settings.persistent:
                 self.release()
         self.last_call_compiled = self.stats.compiled_steps > steps_before or _steps(output, input_ids) <= 1
+        self._confirm_cuda_graphs(_cuda_graph_skips() - skips_before)
         return _take_rows(output, real) if rows > real else output
+
+    def _confirm_cuda_graphs(self, skips: int) -> None:
+        """Inductor skips CUDA graphs where it cannot capture the step (an input on the CPU, a mutated input, too
+        many re-records) and says so only in a log that is off by default: count it, and warn where they were
+        asked for."""
+        if not skips:
+            return
+        self.stats.cuda_graph_skips += skips
+        if self.settings.cuda_graphs:
+            logger.warning(
+                f"decode_compile: inductor skipped the CUDA graphs asked for ({self.stats.cuda_graph_skips} so far; "
+                "decode/cuda_graph_skips). The step runs compiled without the one-launch replay; "
+                "TORCH_LOGS=perf_hints says why."
+            )
+
+
+def describe_failure(error: BaseException) -> str:
+    """One line naming a failure of the compiled path, with the guard that failed last if it was a recompile."""
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    if isinstance(error, CompiledDecodeFailed):  # already described where it was raised
+        return str(error)
+
+    def first_line(exc: BaseException) -> str:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:  # a wrapper (BackendCompilerFailed), then its causes
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or getattr(error, "inner_exception", None) or error.__context__
+    text = first_line(chain[0]) + ("" if len(chain) == 1 else f" <- {first_line(chain[-1])}")
+    if any(isinstance(exc, FailOnRecompileLimitHit) for exc in chain):
+        guard = newest_guard_failure()
+        text += f" (guard that failed: {guard})" if guard else ""
+    return text[:600]
 
 
 def add_decode_arguments(parser) -> None:
@@ -419,15 +627,34 @@ def add_decode_arguments(parser) -> None:
     )
     parser.add_argument(
         "--decode_cuda_graphs",
-        type=lambda v: parse_decode_compile(v, "--decode_cuda_graphs") == "true",
+        type=_cuda_graphs_argument,
         default=False,
         help="replay the compiled step as one CUDA graph (true/false; keeps the static cache allocated)",
     )
 
 
-def evaluation_decoder(args, device, rows: int) -> CompiledDecoder | None:
+def parse_cuda_graphs(value: Any) -> bool:
+    """``--decode_cuda_graphs``: true or false (a YAML bool too); ``auto`` is refused, since CUDA graphs cost the
+    static cache's bytes all step and are asked for, never guessed."""
+    text = parse_decode_compile(value, "--decode_cuda_graphs")
+    if text == "auto":
+        raise ValueError("--decode_cuda_graphs: 'auto' is not a choice; say true or false (default false).")
+    return text == "true"
+
+
+def _cuda_graphs_argument(value: str) -> bool:
+    import argparse
+
+    try:
+        return parse_cuda_graphs(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).split(": ", 1)[1]) from err
+
+
+def evaluation_decoder(args, device, rows: int, config=None) -> CompiledDecoder | None:
     """The decoder of ``evaluate run`` / ``curate`` (``args.decode_compile``), or None to decode eagerly: ``rows``
-    answers per generate call; its cache length is set by the caller from the recipe (else: the first call's)."""
+    answers per generate call; its cache length is set by the caller from the recipe (else: the first call's).
+    ``config``: the model's, whose attention implementation and layers decide ``fullgraph`` (:func:`step_shape`)."""
     value = parse_decode_compile(getattr(args, "decode_compile", "false"))
     if not decode_compile_on(value, device):
         return None
@@ -435,9 +662,10 @@ def evaluation_decoder(args, device, rows: int) -> CompiledDecoder | None:
         getattr(args, "decode_compile_backend", "inductor"),
         device,
         cuda_graphs=getattr(args, "decode_cuda_graphs", False),
+        **(step_shape(config) if config is not None else {}),
     )
     logger.warning(f"decode_compile: {why}; a static cache of {rows} rows")
-    return CompiledDecoder(rows, None, settings)
+    return CompiledDecoder(rows, None, settings, strict=value == "true")
 
 
 def _backbone(model):

@@ -254,7 +254,7 @@ def generate_parts(
 
         script_args = script_args_from_yaml(args.config)
         text_timestamps = script_args.frame_timestamps_in_text
-    decoder = evaluation_decoder(args, state.device, args.batch_size)
+    decoder = evaluation_decoder(args, state.device, args.batch_size, model.config)
     if decoder is not None and script_args is not None:  # the cache as long as the recipe's longest prompt
         from video_grpo.plan.startup import decode_cache_tokens
 

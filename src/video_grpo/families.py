@@ -25,6 +25,9 @@ The trainer, data, encoder, evaluation and benchmark code ask the family instead
 - **Layers that carry a state along the sequence.** Qwen3.5's Gated DeltaNet (``linear_attention``) layers;
   ``forkable_state`` names the layer types whose state :mod:`video_grpo.state_fork` can fork after a shared
   prompt, so packed forwards and one prefill per prompt stay exact.
+- **Layers a compiled decode step may not trace as one graph.** On CUDA, transformers runs Qwen3.5's Gated DeltaNet
+  through hub kernels where they are installed; ``kernel_layers`` names them, and the decode step is then compiled
+  with graph breaks allowed (:func:`video_grpo.decode.step_fullgraph`).
 - **What the vision encoder returns.** Qwen3-VL adds DeepStack features (one level per early text layer) to
   ``pooler_output``; :mod:`video_grpo.encoder` keeps each video's ``(pooler, *deepstack)`` together.
 
@@ -56,6 +59,9 @@ class ModelFamily:
     # layer types carrying a sequence state that video_grpo.state_fork forks after a shared prompt
     forkable_state: tuple[str, ...] = ()
     text_timestamps: bool = False  # Qwen2.5-VL only: we write "<t seconds>" per temporal patch (TimeLens-7B)
+    # layer types that transformers may run through hub kernels on CUDA, which a compiled decode step may not trace
+    # as one graph (video_grpo.decode.step_fullgraph)
+    kernel_layers: tuple[str, ...] = ()
 
     @property
     def size_multiple(self) -> int:
@@ -143,7 +149,12 @@ class ModelFamily:
 QWEN2_5_VL = ModelFamily("qwen2_5_vl", ("qwen2_5_vl",), patch_size=14, time_in_text=False)
 QWEN3_VL = ModelFamily("qwen3_vl", ("qwen3_vl",), patch_size=16, time_in_text=True, deepstack=True)
 QWEN3_5 = ModelFamily(
-    "qwen3_5", ("qwen3_5",), patch_size=16, time_in_text=True, forkable_state=("linear_attention",)
+    "qwen3_5",
+    ("qwen3_5",),
+    patch_size=16,
+    time_in_text=True,
+    forkable_state=("linear_attention",),
+    kernel_layers=("linear_attention",),
 )
 FAMILIES = {family.name: family for family in (QWEN2_5_VL, QWEN3_VL, QWEN3_5)}
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from video_grpo.decode import CompiledDecoder
+from video_grpo.decode import CompiledDecodeFailed, CompiledDecoder
 from video_grpo.prefix import group_rows
 from video_grpo.processing import TIME_INPUTS, concat
 
@@ -102,22 +102,39 @@ def generate(
     :func:`video_grpo.processing.unique_videos`) and row ``r`` shows video ``video_index[r]``, so no row's copy of
     the pixels is made; ``video_grid_thw`` and the time inputs stay per row. Otherwise it holds one video per row.
 
-    ``decoder``: decode from its static cache with its compiled step (:mod:`video_grpo.decode`); if the compiled
-    path fails before any step ran through it, the decoder turns itself off with a warning and the call is made
-    again on the plain path. ``share=False`` prefills every row itself (``shared_prefix: false`` with
-    ``decode_compile`` on: the same forwards as plain ``generate``'s prefill, into a cache the decoder copies)."""
+    ``decoder``: decode from its static cache with its compiled step (:mod:`video_grpo.decode`). If the compiled
+    path fails at any step (:class:`~video_grpo.decode.CompiledDecodeFailed`: a compile or capture error, a
+    recompile storm), a ``decode_compile: true`` decoder stops the run with a clear error; otherwise the decoder
+    turns itself off with one warning and the call is made again on the plain path, from the random state the
+    failed call started from. An out-of-memory error, and any error of the prefill, propagate as they are.
+    ``share=False`` prefills every row itself (``shared_prefix: false`` with ``decode_compile`` on: the same forwards
+    as plain ``generate``'s prefill, into a cache the decoder copies)."""
     if decoder is None or not decoder.enabled:
         return _generate(model, generate_fn, counts=counts, share=share, **inputs)
     counted = list(counts) if counts is not None else None
+    random_state = _random_state(inputs["input_ids"].device)
     try:
         return _generate(model, generate_fn, counts=counts, share=share, decoder=decoder, **inputs)
-    except Exception as err:  # noqa: BLE001 (a compile failure is reported, then the plain path is taken)
-        if decoder.stats.compiled_steps:
-            raise  # the compiled step has run before: not a compile failure
+    except CompiledDecodeFailed as err:
+        if decoder.strict:
+            raise decoder.failure_error(err) from err
         decoder.turn_off(err)
         if counts is not None:
             counts[:] = counted
+        _restore_random_state(random_state)
         return _generate(model, generate_fn, counts=counts, share=share, **inputs)
+
+
+def _random_state(device: torch.device) -> tuple:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda, device
+
+
+def _restore_random_state(state: tuple) -> None:
+    cpu, cuda, device = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)
 
 
 def _generate(

@@ -23,12 +23,25 @@ import torch
 from trl import GRPOTrainer
 
 from video_grpo.checkpointing import keep_one_input_grad_hook
-from video_grpo.decode import CompiledDecoder, decode_compile_on, decode_settings, parse_decode_compile
+from video_grpo.decode import (
+    CompiledDecoder,
+    DecodeStats,
+    decode_compile_on,
+    decode_settings,
+    parse_decode_compile,
+    step_shape,
+)
 from video_grpo.encoder import install
 from video_grpo.families import detect_family
 from video_grpo.guidance import group_advantages, guided_completion_ids, guided_mask
 from video_grpo.prefill import one_prefill_per_prompt
-from video_grpo.prefix import PackedRows, forkable_state, pack_rows, unforkable_layers, unsupported_reason
+from video_grpo.prefix import (
+    PackedRows,
+    forkable_state,
+    pack_rows,
+    unforkable_layers,
+    unsupported_reason,
+)
 from video_grpo.processing import (
     KeepVideoDtype,
     concat,
@@ -207,20 +220,21 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         if not decode_compile_on(value, device):
             return None
         plugin = self.accelerator.state.deepspeed_plugin
-        zero_stage = plugin.zero_stage if plugin is not None else 0
-        gather = self.args.ds3_gather_for_generation
-        if zero_stage == 3 and not gather:
-            message = (
-                "decode_compile needs the whole policy on each rank while decoding: ZeRO-3 without "
-                "ds3_gather_for_generation fetches weights layer by layer inside the forward"
-            )
+        settings, why = decode_settings(
+            backend,
+            device,
+            zero_stage=plugin.zero_stage if plugin is not None else 0,
+            gather_for_generation=self.args.ds3_gather_for_generation,
+            cuda_graphs=cuda_graphs,
+            **step_shape(self.model.config),
+        )
+        if settings is None:
             if value == "true":
                 raise ValueError(
-                    f"decode_compile: {message}. Set ds3_gather_for_generation: true or decode_compile: false."
+                    f"decode_compile: {why}. Set ds3_gather_for_generation: true or decode_compile: false."
                 )
-            logger.warning(f"decode_compile is off: {message}.")
+            logger.warning(f"decode_compile is off: {why}.")
             return None
-        settings, why = decode_settings(backend, device, zero_stage, gather, cuda_graphs)
         rows = self.args.per_device_train_batch_size * self.args.steps_per_generation
         if self.args.eval_strategy != "no":
             rows = max(rows, self.args.per_device_eval_batch_size)
@@ -229,7 +243,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             f"{cache_tokens or 'the first call'} positions"
             + (" (kept for the run)" if settings.persistent else "")
         )
-        return CompiledDecoder(rows, cache_tokens, settings)
+        return CompiledDecoder(rows, cache_tokens, settings, strict=value == "true")
 
     # -- evaluation ------------------------------------------------------------------------------------------
 
@@ -391,9 +405,9 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             self._metrics[mode]["shared_prefix/prefill_ratio"].append(counts[1] / counts[0])
         compiled = decoder is not None and decoder.enabled and decoder.last_call_compiled
         self._metrics[mode]["decode/compiled"].append(float(compiled))
-        self._metrics[mode]["decode/recompiles"].append(
-            float(self.decoder.stats.recompiles) if self.decoder is not None else 0.0
-        )
+        stats = self.decoder.stats if self.decoder is not None else DecodeStats()
+        for name in ("graphs", "recompiles", "fallbacks", "cache_growths", "cuda_graph_skips"):
+            self._metrics[mode][f"decode/{name}"].append(float(getattr(stats, name)))
         for row, ids in self._guided.items():
             completion_ids[row] = ids
         return completion_ids, logprobs

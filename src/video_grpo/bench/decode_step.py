@@ -147,6 +147,7 @@ def compare(model, inputs: dict, new_tokens: int, calls: int, settings) -> dict:
         "same_tokens": bool(torch.equal(first, eager) and torch.equal(compiled, eager)),
         "graphs": decoder.stats.graphs,
         "compiled_steps": decoder.stats.compiled_steps,
+        "cuda_graph_skips": decoder.stats.cuda_graph_skips,
     }
 
 
@@ -219,9 +220,11 @@ def gpu_rows(
     device: str,
     dtype: str,
     layers: int | None = None,
-) -> None:
+) -> bool:
     """``decode_tokens_per_s`` at full depth: eager, compiled, compiled with CUDA graphs, on one prompt answered
-    ``rows`` times; each as tokens/s and as a share of the bandwidth limit (weights + KV bytes per step)."""
+    ``rows`` times; each as tokens/s and as a share of the bandwidth limit (weights + KV bytes per step). Returns
+    False when the CUDA-graph row did not run as CUDA graphs (inductor skipped them): that row then measures
+    something else, and the script fails."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     from video_grpo.decode import DecodeSettings
@@ -244,6 +247,7 @@ def gpu_rows(
     }
     timed_generate(model, inputs, new_tokens)  # untimed warm-up
     eager = statistics.median(g for _ in range(calls) for g in timed_generate(model, inputs, new_tokens)[1])
+    graphs_ran = True
     for path, setting in settings.items():
         result = compare(model, inputs, new_tokens, calls, setting)
         width = inputs["input_ids"].shape[1]
@@ -268,8 +272,15 @@ def gpu_rows(
             baseline_share_of_bandwidth_limit=limit / eager,
             compile_seconds=result["compile_seconds"],
             same_tokens=result["same_tokens"],
-            goal="compiled_cuda_graphs: share >= 0.6 and ratio >= 2.5 (H200)",
+            cuda_graph_skips=result["cuda_graph_skips"],
+            goal="compiled_cuda_graphs: share >= 0.6 and ratio >= 2.5 (H200), and no CUDA graph skipped",
         )
+        if setting.cuda_graphs and result["cuda_graph_skips"]:
+            print(
+                f"{path}: inductor skipped CUDA graphs {result['cuda_graph_skips']} times (TORCH_LOGS=perf_hints)"
+            )
+            graphs_ran = False
+    return graphs_ran
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,17 +308,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.mode == "cpu":
         perf_rows(emit, args.quick)
-    else:
-        gpu_rows(
-            args.widths,
-            args.G,
-            args.new_tokens,
-            args.tb_per_s,
-            args.calls,
-            args.device,
-            args.dtype,
-            args.layers,
-        )
+    elif not gpu_rows(
+        args.widths,
+        args.G,
+        args.new_tokens,
+        args.tb_per_s,
+        args.calls,
+        args.device,
+        args.dtype,
+        args.layers,
+    ):
+        return 1
     return 0
 
 

@@ -38,7 +38,7 @@ GPUS = {
 #   at ~8 us of host time each that is ~12 ms against the ~2.3 ms its bytes take on an H100 at G = 8.
 # - compiled: 45%. Inductor fuses a layer's ~40 ops into ~12 kernels, still launched one by one from the host
 #   (under ZeRO-3, where CUDA graphs cannot be used): about 3.5x fewer launches, comparable to the byte time.
-# - compiled with CUDA graphs: 60%, the goal set for it (issue 34: >= 60% of the bandwidth limit on an H200);
+# - compiled with CUDA graphs: 60%, the project's goal for that path (>= 60% of the bandwidth limit on an H200);
 #   serving engines report 60-85%.
 COMPUTE_EFFICIENCY = 0.40
 DECODE_BANDWIDTH_EFFICIENCY = {"eager": 0.20, "compiled": 0.45, "compiled_cuda_graphs": 0.60}

@@ -105,11 +105,11 @@ def decode_path(work: Workload, device: str = "cuda") -> str:
 
     if not decode_compile_on(work.decode_compile, device):
         return "eager"
-    if work.zero_stage == 3 and not work.gather_for_generation:
-        return "eager"  # the trainer turns decode_compile off (auto) or refuses it (true) here
     settings, _ = decode_settings(
         work.decode_backend, device, work.zero_stage, work.gather_for_generation, work.decode_cuda_graphs
     )
+    if settings is None:  # the trainer turns decode_compile off (auto) or refuses it (true) here
+        return "eager"
     return "compiled_cuda_graphs" if settings.cuda_graphs else "compiled"
 
 
