@@ -19,8 +19,9 @@ Rows, per case, each with its goal and whether it was met (JSON lines on stdout,
 - ``soak_rss_growth`` and ``soak_tensor_growth``: MB per 100 steps, the slope of a least-squares line through RSS
   after every measured step, and through the bytes of the tensors Python can reach, counted every
   ``--sample_every`` steps (:func:`video_grpo.bench.soak_sizes.tensor_bytes`);
-- ``soak_decode_graphs`` and ``soak_compiled_steps``: graphs the compiled step built (one per distinct call
-  shape, :class:`video_grpo.decode.DecodeStats`), steps that decoded through it (``decode/compiled`` = 1);
+- ``soak_decode_graphs``, ``soak_decode_fallbacks`` and ``soak_compiled_steps``: graphs the compiled step built
+  (one per distinct call shape, :class:`video_grpo.decode.DecodeStats`), its fallbacks to eager decoding and the
+  recompiles no new call shape explains, and the steps that decoded through it (``decode/compiled`` = 1);
 - ``soak_input_grad_hooks``: the input-embedding gradient hooks after the first and the last step;
 - ``soak_growth``: every size of :func:`video_grpo.bench.soak_sizes.container_sizes` at the first measured step
   and the last, and the Python object types whose count grew most.
@@ -181,14 +182,22 @@ def run_case(model_dir: Path, settings: SoakSettings, compiled: bool) -> dict:
         ],
         "graphs": decoder.stats.graphs if decoder is not None else 0,
         "graph_keys": len(decoder.stats.graph_keys) if decoder is not None else 0,
-        "fallbacks": decoder.stats.fallbacks if decoder is not None else 0,
+        **{
+            name: getattr(decoder.stats, name) if decoder is not None else 0
+            for name in ("fallbacks", "unexpected_recompiles", "cache_growths")
+        },
+        "last_guard_failure": decoder.stats.last_guard_failure if decoder is not None else "",
     }
 
 
 def _run_case_in_child(arguments: tuple) -> dict:
-    """A case in its own process, transformers quiet."""
+    """A case in its own process, transformers quiet, one thread: the tiny model gains nothing from two, and on a
+    machine shared with other jobs a two-thread op waits for whichever core another job holds (steps of 0.3 s took
+    2-7 s that way here)."""
+    import torch
     from transformers.utils import logging as hf_logging
 
+    torch.set_num_threads(1)
     hf_logging.set_verbosity_error()
     return run_case(*arguments)
 
@@ -199,6 +208,12 @@ def _run_case_in_child(arguments: tuple) -> dict:
 def tenths(values: list[float]) -> tuple[list[float], list[float]]:
     tenth = max(1, len(values) // 10)
     return values[:tenth], values[-tenth:]
+
+
+def tenth_parts(values: list[float]) -> list[list[float]]:
+    """``values`` in ten consecutive parts of equal length (the remainder, if any, left out): the drift's shape."""
+    size = max(1, len(values) // 10)
+    return [values[start : start + size] for start in range(0, size * min(10, len(values)), size)]
 
 
 def slope_per_100(steps: list[int], values: list[float]) -> float:
@@ -238,6 +253,10 @@ def case_rows(result: dict, settings: SoakSettings) -> list[dict]:
             goal=f"ratio <= {STEP_TIME_GOAL}",
             met=drift <= STEP_TIME_GOAL,
             steps_per_tenth=len(head),
+            median_ms_per_tenth=[round(1000 * statistics.median(part), 1) for part in tenth_parts(measured)],
+            slope_ms_per_100_steps=round(
+                1000 * slope_per_100(list(range(settings.warmup + 1, settings.steps + 1)), measured), 3
+            ),
             load_average_first_last_tenth=[
                 round(statistics.fmean(load_head), 2),
                 round(statistics.fmean(load_tail), 2),
@@ -292,7 +311,21 @@ def case_rows(result: dict, settings: SoakSettings) -> list[dict]:
             "graphs compiled (ours) against distinct call shapes (rows, cache length, mode: baseline)",
             goal="one graph per call shape" if compiled_case else "none (eager)",
             met=result["graphs"] == result["graph_keys"] if compiled_case else result["graphs"] == 0,
+            **common,
+        )
+    )
+    rows.append(
+        emit(
+            "soak_decode_fallbacks",
+            result["fallbacks"] + result["unexpected_recompiles"],
+            None,
+            "fallbacks to eager decoding + recompiles no new call shape explains (video_grpo.decode.DecodeStats)",
+            goal="none",
+            met=result["fallbacks"] + result["unexpected_recompiles"] == 0,
             fallbacks=result["fallbacks"],
+            unexpected_recompiles=result["unexpected_recompiles"],
+            cache_growths=result["cache_growths"],
+            last_guard_failure=result["last_guard_failure"],
             **common,
         )
     )
