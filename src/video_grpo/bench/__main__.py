@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "soak":
         json_lines.emit_stream = sys.stdout
-        return soak.soak(args)
+        with _TrainerLogsToStderr():
+            return soak.soak(args)
     if args.command == "plan":
         from video_grpo.bench.plan_check import plan_rows
 

@@ -197,6 +197,7 @@ def _run_case_in_child(arguments: tuple) -> dict:
     import torch
     from transformers.utils import logging as hf_logging
 
+    os.dup2(2, 1)  # the parent's stdout carries JSON lines only; libraries here print their notices on stdout
     torch.set_num_threads(1)
     hf_logging.set_verbosity_error()
     return run_case(*arguments)
