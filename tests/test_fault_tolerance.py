@@ -205,6 +205,31 @@ def test_config_errors_fail_before_any_model_loads(tmp_path, monkeypatch, fields
         entry.main(*entry.parse_args(["--config", write_recipe(tmp_path, **fields)]))
 
 
+def test_decode_compile_true_under_zero3_without_gathering_fails_before_the_model_loads(
+    tmp_path, monkeypatch
+):
+    """The launch's ZeRO stage, from the environment accelerate gives its processes: ZeRO-3 without
+    ds3_gather_for_generation cannot compile the decode step, so decode_compile: true is refused before loading."""
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    recipe = write_recipe(tmp_path, decode_compile="true", ds3_gather_for_generation=False)
+    import video_grpo.grpo as entry
+
+    def no_model_loading(*args, **kwargs):
+        raise AssertionError("a model or processor was loaded before the config error was raised")
+
+    monkeypatch.setattr(entry.AutoProcessor, "from_pretrained", no_model_loading)
+    monkeypatch.setattr(entry, "VideoGRPOTrainer", no_model_loading)
+    with pytest.raises(
+        ValueError, match=r"decode_compile: true, but ZeRO-3 without ds3_gather_for_generation"
+    ):
+        entry.main(*entry.parse_args(["--config", recipe]))
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")  # ZeRO-2 holds whole weights: no error here
+    from video_grpo.configs import check_decode_launch
+
+    check_decode_launch(*entry.parse_args(["--config", recipe])[:2])
+
+
 @pytest.mark.parametrize(
     ("family", "message"),
     [

@@ -138,7 +138,10 @@ def test_zero3_bf16_frozen_tower_time_encoder_and_uneven_eval(tiny_model_dir, tm
     assert "zero_stage=3" in log
     assert "the compiled decode step failed" not in log, log[-6000:]
     # the static cache sized from the recipe before the model loaded, as the planner sizes it (not at a call)
-    assert "decode_compile: compiled (eager)" in log and "the first call positions" not in log, log[-6000:]
+    assert (
+        "decode_compile: compiled (eager, graph breaks allowed (ZeRO-3" in log
+        and "the first call positions" not in log
+    ), log[-6000:]
     assert "could not size the static cache" not in log, log[-6000:]
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     decoded = [entry["decode/compiled"] for entry in history if "decode/compiled" in entry]

@@ -441,6 +441,7 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
             "Set use_vllm: false; generation then runs in transformers with the video.",
         )
     check_report_to(training_args.report_to)
+    check_decode_launch(script_args, training_args)
     if training_args.trust_remote_code:
         import logging
 
@@ -457,6 +458,29 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
     family.with_text_timestamps(script_args.frame_timestamps_in_text)  # an error on Qwen3-VL / Qwen3.5
     if script_args.shared_prefix:
         check_shared_prefix(model_args, training_args.trust_remote_code)
+
+
+def check_decode_launch(script_args: GRPOScriptArguments, training_args) -> None:
+    """``decode_compile: true`` where the launch cannot compile the step (ZeRO-3 without
+    ``ds3_gather_for_generation``: ``video_grpo.decode.decode_settings`` decides) fails here, before the model
+    loads; the launch's ZeRO stage is in the environment ``accelerate launch`` gives its processes."""
+    if script_args.decode_compile != "true":
+        return
+    from video_grpo.decode import decode_settings
+    from video_grpo.plan.startup import launch_from_environment
+
+    zero_stage = launch_from_environment()["zero_stage"]
+    settings, why = decode_settings(
+        script_args.decode_compile_backend,
+        "cpu",
+        zero_stage=zero_stage,
+        gather_for_generation=training_args.ds3_gather_for_generation,
+    )
+    if settings is None:
+        raise ValueError(
+            f"decode_compile: true, but {why} (ZeRO-3 from the accelerate config). Set "
+            "ds3_gather_for_generation: true, or decode_compile: auto (off here) or false."
+        )
 
 
 def check_shared_prefix(model_args, trust_remote_code: bool = False) -> None:
