@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from video_grpo import state_fork
@@ -64,3 +65,65 @@ def test_without_state_fork_the_layer_runs_as_before():
     before = module(hidden)
     state_fork.install()
     torch.testing.assert_close(module(hidden), before, rtol=0, atol=0)
+
+
+def is_state_fork_wrapper(function) -> bool:
+    """Whether ``function`` is :func:`state_fork.install`'s wrapper (transformers' own forward is wrapped too, by
+    its decorators, so ``__wrapped__`` alone does not tell)."""
+    return function.__code__.co_filename == state_fork.__file__
+
+
+@pytest.fixture
+def unwrapped_layer_forward():
+    """The Gated DeltaNet forward as transformers defines it, with :func:`state_fork.install` not yet run, as in a
+    fresh process (an earlier test may have installed the wrapper; it is put back afterwards)."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+
+    before = Qwen3_5GatedDeltaNet.forward
+    if is_state_fork_wrapper(before):
+        Qwen3_5GatedDeltaNet.forward = before.__wrapped__
+    state_fork.install.cache_clear()
+    torch._dynamo.reset()
+    yield Qwen3_5GatedDeltaNet
+    Qwen3_5GatedDeltaNet.forward = (
+        before  # install() stays cached: it will not wrap the restored wrapper again
+    )
+    torch._dynamo.reset()
+
+
+def test_a_compiled_run_does_not_recompile_when_the_state_is_first_forked(
+    unwrapped_layer_forward, family_model, train_file, tmp_path
+):
+    """12 Qwen3.5 steps with the shared prompt (packed forwards fork the state) and compiled decoding: the layer's
+    forward is wrapped when the trainer is built, so the graph compiled at the first generation call serves every
+    later one. Wrapped at the first packed forward instead (step 1's loss), it changed under the compiled step,
+    which recompiled at the second call (an unexpected recompile, found by ``python -m video_grpo.bench soak
+    --family qwen3_5``)."""
+    from .test_shared_prefix import family_dataset
+    from .test_trainer import make_trainer
+
+    steps = 12
+    trainer = make_trainer(
+        family_model("qwen3_5"),
+        family_dataset(train_file, "qwen3_5"),
+        tmp_path,
+        max_steps=steps,
+        gradient_checkpointing=True,
+        trainer_kwargs={"decode_compile": "true", "decode_compile_backend": "aot_eager"},
+    )
+    wrapped = unwrapped_layer_forward.forward
+    assert is_state_fork_wrapper(wrapped)  # wrapped before the first step
+    graphs = []
+    original = trainer._generate_single_turn
+
+    def counted(*args, **kwargs):
+        out = original(*args, **kwargs)
+        graphs.append((trainer.decoder.stats.graphs, trainer.decoder.stats.unexpected_recompiles))
+        return out
+
+    trainer._generate_single_turn = counted
+    trainer.train()
+    assert len(graphs) == steps and graphs == [graphs[0]] * steps, graphs
+    stats = trainer.decoder.stats
+    assert stats.unexpected_recompiles == 0 and stats.graphs == len(stats.graph_keys), stats
+    assert unwrapped_layer_forward.forward is wrapped
