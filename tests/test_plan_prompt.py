@@ -85,3 +85,22 @@ def test_the_counts_for_hub_models_are_qwens_tokenizer():
         )
         assert (counted.fixed, counted.per_pair) == (hub.fixed, hub.per_pair) == (fixed, per_pair)
         assert hub.source == "Qwen's measured counts (no local model folder)"
+
+
+def test_a_folder_without_a_tokenizer_is_planned_with_qwens_counts_and_says_so(tiny_model_dir, tmp_path):
+    """A model folder with its config alone (transformers would build an empty tokenizer from it): the plan falls
+    back to Qwen's counts, and its source names the folder and why."""
+    import shutil
+
+    from video_grpo.families import QWEN3_VL
+    from video_grpo.plan.prompt_text import text_around
+
+    shutil.copy(tiny_model_dir / "config.json", tmp_path / "config.json")
+    alone, hub = (
+        text_around(QWEN3_VL, None, str(tmp_path)),
+        text_around(QWEN3_VL, None, "Qwen/Qwen3-VL-8B-Instruct"),
+    )
+    assert (alone.fixed, alone.per_pair) == (hub.fixed, hub.per_pair)
+    assert alone.source == f"Qwen's measured counts ({tmp_path} has no tokenizer)"
+    counted = text_around(QWEN3_VL, None, str(tiny_model_dir))
+    assert counted.source.endswith("tokenizer and chat template") and counted.fixed != hub.fixed

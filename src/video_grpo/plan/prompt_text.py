@@ -79,11 +79,21 @@ def qwen_counts(family: ModelFamily, prompt_template: str | None) -> tuple[int, 
     return fixed + 2, 0  # vision start and end around the whole video
 
 
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.json",
+    "tokenizer.model",
+)  # one of them holds a tokenizer's vocabulary
+
+
 @functools.lru_cache(maxsize=8)
 def local_tokenizer(folder: str):
-    """The tokenizer saved in a model folder (nothing downloaded), or None when it has none; loaded once."""
+    """The tokenizer saved in a model folder (nothing downloaded), or None when it has none; loaded once. A folder
+    without a vocabulary file is refused first: transformers 5 builds an empty tokenizer from a config alone."""
     from transformers import AutoTokenizer
 
+    if not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
+        return None
     try:
         return AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError):
@@ -112,7 +122,7 @@ def tokenizer_counts(
         block = (
             f"<{PLANNED_SECONDS:.1f} seconds>{VIDEO_BLOCK}" * pairs if time_as_text(family) else VIDEO_BLOCK
         )
-        return len(tokenizer(text.replace(video, block))["input_ids"]) - max(pairs, 1)
+        return len(tokenizer(text.replace(video, block))["input_ids"]) - pairs
 
     if not time_as_text(family):
         return without_placeholders(1), 0
@@ -124,6 +134,8 @@ def tokenizer_counts(
 def _text_around(
     family: ModelFamily, prompt_template: str, model: str | None, kwargs_json: str
 ) -> TextAround:
+    """:func:`text_around`, cached: a recipe is counted once per process (the start-up plan, auto-fit's candidates,
+    the plan check and the static cache all ask)."""
     folder = Path(model) if model else None
     if folder is None or not folder.is_dir():
         fixed, per_pair = qwen_counts(family, prompt_template)
@@ -135,8 +147,8 @@ def _text_around(
     if why is None:
         try:
             fixed, per_pair = tokenizer_counts(tokenizer, family, prompt_template, json.loads(kwargs_json))
-        except ValueError as err:
-            why = f"{model}'s chat template: {err}"
+        except Exception as err:  # noqa: BLE001 (a template that cannot render: Qwen's counts, and the reason)
+            why = f"{model}'s chat template: {type(err).__name__}: {err}"
         else:
             return TextAround(fixed, per_pair, f"{model}'s tokenizer and chat template")
     fixed, per_pair = qwen_counts(family, prompt_template)
