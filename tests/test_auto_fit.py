@@ -157,3 +157,24 @@ def test_a_cpu_run_fits_itself_and_checks_its_plan(tiny_model_dir, tmp_path, cap
     assert abs(check["peak"]["ratio"] - 1) <= 0.15, check["peak"]
     assert check["plan"]["workload"]["gradient_checkpointing"] is True  # the fitted run's plan
     assert "plan check: peak planned" in caplog.text
+
+
+def test_layer_by_layer_gathering_says_it_turns_compiled_decoding_off_and_is_never_applied_under_true():
+    """The 7B recipe on a 40 GB card, ZeRO-3 (docs/planning.md's worked example): under decode_compile auto the
+    fit is ds3_gather_for_generation: false, whose text and auto_fit.json say that decoding is then eager; under
+    true that change is excluded (the trainer would refuse the pair after loading), with the reason."""
+    flags = {
+        "accelerate_config": "configs/accelerate/zero3.yaml",
+        "gpu": "a100-40gb",
+        "model_config": "configs/models/qwen2_5_vl_7b_instruct.json",
+    }
+    fitted = auto_fit(plan_recipe("configs/grpo/qwen2_5_vl_7b_charades.yaml", **flags), "grpo")
+    assert fitted.fields == {"ds3_gather_for_generation": False}
+    assert "decode_compile auto turns compiled decoding off" in fitted.summary()
+    assert fitted.as_json()["decode_path"] == {"before": "compiled", "after": "eager"}
+    strict = plan_recipe(
+        "configs/grpo/qwen2_5_vl_7b_charades.yaml", **flags, overrides={"decode_compile": "true"}
+    )
+    fitted = auto_fit(strict, "grpo")
+    assert "ds3_gather_for_generation" not in fitted.fields
+    assert any("decode_compile is true" in reason for reason in fitted.excluded), fitted.excluded
