@@ -14,7 +14,7 @@ from video_grpo.plan import plan_recipe
 from video_grpo.plan.autofit import auto_fit
 from video_grpo.plan.recipe import GB
 
-RECIPE = "configs/grpo/demo_tiny.yaml"  # planned at 0.135 GB on one CPU process (0.120 GB with checkpointing)
+RECIPE = "configs/grpo/demo_tiny.yaml"  # planned at 0.172 GB on one CPU process (0.151 GB with checkpointing)
 
 
 def tiny_plan(model_dir, memory_gb: float, **overrides):
@@ -38,16 +38,16 @@ def arguments(model_dir, tmp_path, *flags: str):
 def test_the_cheapest_change_that_fits_is_chosen_in_the_planners_order(tiny_model_dir):
     """Checkpointing ranks first, then the micro-batch (each halving one change); the micro-batch keeps the
     generation batch: its change doubles steps_per_generation and leaves the generation phase's plan as it was."""
-    plan = tiny_plan(tiny_model_dir, 0.13)
+    plan = tiny_plan(tiny_model_dir, 0.16)
     assert plan.fits is False
     fitted = auto_fit(plan, "grpo")
     assert fitted.changes == ["gradient_checkpointing: true"] and fitted.after.fits
     assert fitted.summary().startswith(
-        "auto_fit: gradient_checkpointing: true. Planned peak 0.14 GB -> 0.12 GB"
+        "auto_fit: gradient_checkpointing: true. Planned peak 0.17 GB -> 0.15 GB"
     )
     assert fitted.fields == {"gradient_checkpointing": True}
 
-    fitted = auto_fit(tiny_plan(tiny_model_dir, 0.11), "grpo")  # checkpointing alone is 0.120 GB
+    fitted = auto_fit(tiny_plan(tiny_model_dir, 0.14), "grpo")  # checkpointing alone is 0.151 GB
     assert fitted.fields == {
         "per_device_train_batch_size": 4,
         "gradient_accumulation_steps": 2,
@@ -56,9 +56,9 @@ def test_the_cheapest_change_that_fits_is_chosen_in_the_planners_order(tiny_mode
     before, after = fitted.before, fitted.after
     assert after.work.generation_rows == before.work.generation_rows == 8
     assert after.memory.phases["generation"].peak == before.memory.phases["generation"].peak
-    assert after.memory.peak < 0.11 * GB < before.memory.peak
+    assert after.memory.peak < 0.14 * GB < before.memory.peak
 
-    fitted = auto_fit(tiny_plan(tiny_model_dir, 0.07), "dapo")  # one change is not enough
+    fitted = auto_fit(tiny_plan(tiny_model_dir, 0.10), "dapo")  # one change is not enough
     assert (
         fitted.fields["gradient_checkpointing"] is True and fitted.fields["per_device_train_batch_size"] == 2
     )
@@ -71,7 +71,7 @@ def test_auto_fit_applies_in_process_and_keeps_the_generation_batch(tiny_model_d
     from video_grpo.grpo import apply_auto_fit
 
     script_args, training_args, model_args = arguments(
-        tiny_model_dir, tmp_path, "--auto_fit", "true", "--auto_fit_memory_gb", "0.11"
+        tiny_model_dir, tmp_path, "--auto_fit", "true", "--auto_fit_memory_gb", "0.14"
     )
     assert (training_args.generation_batch_size, training_args.steps_per_generation) == (8, 1)
     with caplog.at_level(logging.WARNING):
@@ -84,8 +84,8 @@ def test_auto_fit_applies_in_process_and_keeps_the_generation_batch(tiny_model_d
         "gradient_accumulation_steps": 1,
         "steps_per_generation": 1,
     }
-    assert record["after"]["per_device_train_batch_size"] == 4 and record["usable_gb"] == 0.11
-    assert record["planned_peak_gb_before"] > 0.11 >= record["planned_peak_gb_after"]
+    assert record["after"]["per_device_train_batch_size"] == 4 and record["usable_gb"] == 0.14
+    assert record["planned_peak_gb_before"] > 0.14 >= record["planned_peak_gb_after"]
     assert record["generation_rows_per_process"] == record["rows_per_optimizer_step_per_process"] == 8
     assert "auto_fit: per_device_train_batch_size: 4" in caplog.text and "auto_fit.json: {" in caplog.text
 
@@ -101,7 +101,7 @@ def test_when_nothing_that_keeps_the_math_fits_the_run_stops_before_the_model_lo
     monkeypatch.setattr(entry.AutoProcessor, "from_pretrained", no_model_loading)
     monkeypatch.setattr(entry, "VideoGRPOTrainer", no_model_loading)
     args = arguments(
-        tiny_model_dir, tmp_path, "--auto_fit", "true", "--auto_fit_memory_gb", "0.11", "--loss_type", "bnpo"
+        tiny_model_dir, tmp_path, "--auto_fit", "true", "--auto_fit_memory_gb", "0.14", "--loss_type", "bnpo"
     )
     with pytest.raises(ValueError, match="auto_fit: no change that keeps the mathematics fits") as stopped:
         entry.main(*args)
@@ -110,7 +110,7 @@ def test_when_nothing_that_keeps_the_math_fits_the_run_stops_before_the_model_lo
     assert "not tried: a smaller micro-batch: loss_type 'bnpo'" in message
     assert "change the mathematics of a step" in message
     assert (
-        "per_device_train_batch_size: 4, gradient_accumulation_steps: 2, steps_per_generation: 2: peak 0.09 GB"
+        "per_device_train_batch_size: 4, gradient_accumulation_steps: 2, steps_per_generation: 2: peak 0.13 GB"
         in message
     )
     assert not (tmp_path / "auto_fit.json").exists()
@@ -127,17 +127,17 @@ def test_the_planner_previews_auto_fit(tiny_model_dir, capsys):
     from video_grpo.plan import main
 
     config = str(tiny_model_dir / "config.json")
-    flags = ["--config", RECIPE, "--model_config", config, "--gpu", "cpu", "--gpu_memory_gb", "0.13"]
+    flags = ["--config", RECIPE, "--model_config", config, "--gpu", "cpu", "--gpu_memory_gb", "0.16"]
     assert main([*flags, "--auto_fit", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["after"] == {"gradient_checkpointing": True}
 
 
 def test_a_cpu_run_fits_itself_and_checks_its_plan(tiny_model_dir, tmp_path, caplog):
-    """The issue's command, in-process: demo_tiny with a budget just under its plan (0.13 of 0.135 GB) trains its
+    """The issue's command, in-process: demo_tiny with a budget just under its plan (0.16 of 0.172 GB) trains its
     steps with checkpointing on, and its plan check (the second step, live tensor bytes) is within 15% at the peak."""
     import video_grpo.grpo as entry
 
-    flags = ("--auto_fit", "true", "--auto_fit_memory_gb", "0.13", "--plan_check", "true", "--max_steps", "2")
+    flags = ("--auto_fit", "true", "--auto_fit_memory_gb", "0.16", "--plan_check", "true", "--max_steps", "2")
     with caplog.at_level(logging.WARNING):
         entry.main(*arguments(tiny_model_dir, tmp_path, *flags))
     fitted = json.loads((tmp_path / "auto_fit.json").read_text())
@@ -157,3 +157,24 @@ def test_a_cpu_run_fits_itself_and_checks_its_plan(tiny_model_dir, tmp_path, cap
     assert abs(check["peak"]["ratio"] - 1) <= 0.15, check["peak"]
     assert check["plan"]["workload"]["gradient_checkpointing"] is True  # the fitted run's plan
     assert "plan check: peak planned" in caplog.text
+
+
+def test_layer_by_layer_gathering_says_it_turns_compiled_decoding_off_and_is_never_applied_under_true():
+    """The 7B recipe on a 40 GB card, ZeRO-3 (docs/planning.md's worked example): under decode_compile auto the
+    fit is ds3_gather_for_generation: false, whose text and auto_fit.json say that decoding is then eager; under
+    true that change is excluded (the trainer would refuse the pair after loading), with the reason."""
+    flags = {
+        "accelerate_config": "configs/accelerate/zero3.yaml",
+        "gpu": "a100-40gb",
+        "model_config": "configs/models/qwen2_5_vl_7b_instruct.json",
+    }
+    fitted = auto_fit(plan_recipe("configs/grpo/qwen2_5_vl_7b_charades.yaml", **flags), "grpo")
+    assert fitted.fields == {"ds3_gather_for_generation": False}
+    assert "decode_compile auto turns compiled decoding off" in fitted.summary()
+    assert fitted.as_json()["decode_path"] == {"before": "compiled", "after": "eager"}
+    strict = plan_recipe(
+        "configs/grpo/qwen2_5_vl_7b_charades.yaml", **flags, overrides={"decode_compile": "true"}
+    )
+    fitted = auto_fit(strict, "grpo")
+    assert "ds3_gather_for_generation" not in fitted.fields
+    assert any("decode_compile is true" in reason for reason in fitted.excluded), fitted.excluded

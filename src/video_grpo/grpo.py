@@ -182,6 +182,7 @@ def build_trainer(
             model_args.model_name_or_path,
             training_args.max_completion_length,
             model_args.model_revision,
+            training_args.chat_template_kwargs,
         ),
     )
 

@@ -30,7 +30,8 @@ from video_grpo.families import detect_family
 from video_grpo.plan.compute import plan_compute
 from video_grpo.plan.memory import plan_memory
 from video_grpo.plan.model import read_model_shape
-from video_grpo.plan.workload import TIME_TEXT_TOKENS, Workload
+from video_grpo.plan.prompt_text import TIME_TEXT_TOKENS
+from video_grpo.plan.workload import Workload
 
 MODELS = Path(__file__).resolve().parents[3] / "configs" / "models"
 QWEN3_VL = {"4b": "qwen3_vl_4b_instruct.json", "8b": "qwen3_vl_8b_instruct.json"}

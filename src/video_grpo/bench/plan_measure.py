@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_leaves
 
 from video_grpo.families import detect_family
 from video_grpo.plan.fake_trace import HalfFake, fake_parameters
-from video_grpo.plan.workload import TIME_TEXT_TOKENS
+from video_grpo.plan.prompt_text import TIME_TEXT_TOKENS
 
 
 class Regions(TorchFunctionMode):

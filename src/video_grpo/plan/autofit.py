@@ -11,6 +11,8 @@ was, to floating-point rounding:
 - ``checkpointing``: activations recomputed in backward;
 - ``offload``: the optimizer's states and the parameters in CPU RAM (DeepSpeed ZeRO-3, ``zero3_offload.yaml``);
 - ``no-gather``: under ZeRO-3, generation gathers one layer at a time (``ds3_gather_for_generation: false``).
+  Never with ``decode_compile: true`` (the trainer refuses that pair); under ``auto`` it turns compiled decoding
+  off, and the change's text, ``auto_fit.json`` (``decode_path``) and the log say so.
 
 A running process can change only its own arguments: the micro-batch, checkpointing and the gathering are
 ``GRPOConfig`` fields (:data:`IN_PROCESS`), while offload and ZeRO-3 are the accelerate config's, fixed at launch
@@ -29,7 +31,7 @@ from typing import Any
 
 from video_grpo.plan.fitting import alternatives, fitting_combinations
 from video_grpo.plan.recipe import GB, Plan, make_plan
-from video_grpo.plan.workload import Workload
+from video_grpo.plan.workload import Workload, decode_path
 
 MATH_PRESERVING = ("checkpointing", "micro-batch", "zero3", "offload", "no-gather")
 IN_PROCESS = ("checkpointing", "micro-batch", "no-gather")
@@ -91,6 +93,11 @@ class FitResult:
             "changes": self.changes,
             # what must not move: answers generated per process at once, and answers per optimizer step
             "generation_rows_per_process": work.generation_rows,
+            # how generation decodes on the device, before and after (plan.workload.decode_path)
+            "decode_path": {
+                "before": decode_path(work),
+                "after": decode_path(self.after.work) if self.after else None,
+            },
             "rows_per_optimizer_step_per_process": work.micro_batch_rows * work.gradient_accumulation,
             "excluded": self.excluded,
             "other_changes_that_fit": [
@@ -159,6 +166,11 @@ def apply_kinds(work: Workload, kinds: list[str]) -> tuple[Workload, list[str]] 
 def excluded_kinds(work: Workload, loss_type: str, top_entropy_quantile: float = 1.0) -> dict[str, str]:
     """In-process kinds that would change the mathematics of this run, with the reason."""
     reasons = {}
+    if work.decode_compile == "true":
+        reasons["no-gather"] = (
+            "layer-by-layer gathering (ds3_gather_for_generation: false): decode_compile is true, and a compiled "
+            "decode step needs the whole policy on each rank (decode_compile: auto allows it and decodes eagerly)"
+        )
     if loss_type not in MICRO_BATCH_EXACT_LOSSES:
         reasons["micro-batch"] = (
             f"a smaller micro-batch: loss_type {loss_type!r} normalises each micro-batch by itself, so another "

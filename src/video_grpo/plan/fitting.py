@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from video_grpo.plan.recipe import Plan, make_plan
-from video_grpo.plan.workload import Workload
+from video_grpo.plan.workload import Workload, decode_path
 
 
 def alternatives(work: Workload) -> list[tuple[str, str, Workload]]:
@@ -46,13 +46,13 @@ def alternatives(work: Workload) -> list[tuple[str, str, Workload]]:
             )
         )
     if work.zero_stage == 3 and work.gather_for_generation:
-        options.append(
-            (
-                "no-gather",
-                "ds3_gather_for_generation: false (generation gathers one layer at a time: slower)",
-                work.replace(gather_for_generation=False),
+        no_gather = work.replace(gather_for_generation=False)
+        slower = "generation gathers one layer at a time: slower"
+        if decode_path(work) != "eager":  # decode_compile auto (true is refused: plan.autofit.excluded_kinds)
+            slower += (
+                ", and decodes eagerly: decode_compile auto turns compiled decoding off without gathering"
             )
-        )
+        options.append(("no-gather", f"ds3_gather_for_generation: false ({slower})", no_gather))
     if work.training == "full":
         options.append(("frozen", "freeze_vision_tower: true", work.replace(training="frozen_tower")))
     if work.training != "lora":

@@ -90,6 +90,7 @@ class Plan:
             "workload": {
                 "visual_tokens": self.work.visual_tokens,
                 "prompt_tokens": self.work.prompt_tokens,
+                "prompt_text_from": self.work.sources.get("text_tokens"),
                 "completion_tokens": self.work.completion_tokens,
                 "G": self.work.group_size,
                 "micro_batch_rows": self.work.micro_batch_rows,

@@ -22,8 +22,9 @@ def report(plan: Plan) -> str:
         f"ZeRO-{work.zero_stage} on {work.num_processes} process(es)"
         + (", optimizer offloaded" if work.offload_optimizer else ""),
         f"per GPU and step: {work.generation_rows} rows generated ({work.group_size} per prompt), micro-batches of "
-        f"{work.micro_batch_rows}; a prompt of {work.prompt_tokens} tokens ({work.visual_tokens} visual, worst case), "
-        f"answers of {work.completion_tokens}; shared prompt {'on' if work.shared_prefix else 'off'}, "
+        f"{work.micro_batch_rows}; a prompt of {work.prompt_tokens} tokens ({work.visual_tokens} visual, worst case; "
+        f"text: {work.sources.get('text_tokens', 'not recorded')}), answers of "
+        f"{work.completion_tokens}; shared prompt {'on' if work.shared_prefix else 'off'}, "
         f"checkpointing {'on' if work.gradient_checkpointing else 'off'}, beta {work.beta:g}; "
         f"decoding: {DECODE_PATH_NAMES[plan.decode_path]}",
         "",

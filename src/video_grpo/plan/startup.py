@@ -10,13 +10,9 @@ import logging
 
 from video_grpo.plan.autofit import FitResult, auto_fit
 from video_grpo.plan.model import load_model_config, read_model_shape
+from video_grpo.plan.prompt_text import text_around
 from video_grpo.plan.recipe import GB, Plan, make_plan, resolve_gpu
-from video_grpo.plan.workload import (
-    decode_cache_positions,
-    text_tokens,
-    workload_from_recipe,
-    worst_case_video,
-)
+from video_grpo.plan.workload import decode_cache_positions, workload_from_recipe, worst_case_video
 
 logger = logging.getLogger(__name__)
 
@@ -134,13 +130,18 @@ def log_startup_plan(script_args, training_args, model_args, logger) -> Plan | N
 
 
 def decode_cache_tokens(
-    script_args, model_name_or_path: str, completion_tokens: int, revision: str | None = None
+    script_args,
+    model_name_or_path: str,
+    completion_tokens: int,
+    revision: str | None = None,
+    chat_template_kwargs: dict | None = None,
 ) -> int | None:
     """Positions of the compiled decoder's static cache (``video_grpo.decode``) for a recipe's script arguments:
     the longest prompt its video budget allows, as the planner counts it, with room for ``completion_tokens``
-    (:func:`video_grpo.plan.workload.decode_cache_positions`). Reads the model's config.json only (once per
-    process, shared with the start-up plan). None, with a warning, when it cannot: the decoder then sizes its cache
-    at its first call, and a planner error never stops a run."""
+    (:func:`video_grpo.plan.workload.decode_cache_positions`). Reads the model's config.json, and its tokenizer when
+    it is a local folder (:mod:`video_grpo.plan.prompt_text`), once per process, shared with the start-up plan.
+    ``chat_template_kwargs``: the run's (GRPOConfig), which change the template's text. None, with a warning, when it
+    cannot: the decoder then sizes its cache at its first call, and a planner error never stops a run."""
     from video_grpo.families import detect_family
 
     try:
@@ -153,8 +154,8 @@ def decode_cache_tokens(
             script_args.video_min_pixels,
             script_args.video_max_pixels,
         )
+        around = text_around(family, script_args.prompt_template, model_name_or_path, chat_template_kwargs)
     except Exception as err:  # noqa: BLE001 (any planner error: sized at the first call instead)
         logger.warning(f"decode_compile: could not size the static cache from the recipe ({err})")
         return None
-    prompt = visual + text_tokens(family, script_args.prompt_template, pairs)
-    return decode_cache_positions(prompt, pairs, completion_tokens)
+    return decode_cache_positions(visual + around.tokens(pairs), pairs, completion_tokens)

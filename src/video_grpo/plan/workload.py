@@ -17,22 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from video_grpo.families import ModelFamily
-
-PROMPT_TEXT_TOKENS = (
-    160  # the default instruction, a 14-word query and the chat template: 146 tokens in Qwen's
-)
-# tokenizer (measured on the default prompt), plus room for longer queries
-TIME_TEXT_TOKENS = (
-    7  # "<12.3 seconds>" before each temporal patch in Qwen3 families (6 under 10 s, 8 from 100 s)
-)
-CHARS_PER_TOKEN = 3.5  # for a recipe's own prompt_template: English text in Qwen's tokenizer, roughly
+from video_grpo.plan.prompt_text import text_around
 
 
 def decode_cache_positions(prompt_tokens: int, temporal_patches: int, completion_tokens: int) -> int:
     """Length of the compiled decoder's static cache (``decode_compile``; ``video_grpo.decode``): the worst-case
-    prompt, one more token per frame pair (a clip's time text is 8 tokens from 100 s on, against
-    :data:`TIME_TEXT_TOKENS` 7), and every answer token, rounded up as the decoder rounds (64). A prompt
-    longer still makes the decoder reallocate the cache (one recompile, with a warning)."""
+    prompt, one more token per frame pair (the prompt is planned with each pair's time text under 100 s,
+    :data:`video_grpo.plan.prompt_text.PLANNED_SECONDS`; one digit more covers videos up to 1000 s), and every
+    answer token, rounded up as the decoder rounds (64). A prompt longer still makes the decoder reallocate the
+    cache (one recompile, with a warning)."""
     from video_grpo.decode import cache_length
 
     return cache_length(prompt_tokens + temporal_patches + completion_tokens)
@@ -45,7 +38,7 @@ class Workload:
     visual_tokens: int  # language-model tokens of one video, worst case
     temporal_patches: int  # frame pairs of that video (its grid's t)
     frame_tokens: int  # tokens per frame pair (h x w / merge**2)
-    text_tokens: int  # prompt tokens that are not video placeholders (time text included)
+    text_tokens: int  # prompt tokens that are not video placeholders (time text included; prompt_text.py)
     completion_tokens: int  # every answer at max_completion_length
     group_size: int  # G
     micro_batch_rows: int  # per_device_train_batch_size
@@ -130,23 +123,6 @@ def worst_case_video(
     return per_pair * pairs, pairs, per_pair
 
 
-def text_tokens(family: ModelFamily, prompt_template: str | None, temporal_patches: int) -> int:
-    """Prompt tokens around the video: the template and chat markup, and Qwen3's time text per frame pair."""
-    from video_grpo.configs import DEFAULT_PROMPT
-
-    text = PROMPT_TEXT_TOKENS
-    if prompt_template and prompt_template != DEFAULT_PROMPT:
-        text = PROMPT_TEXT_TOKENS - round(len(DEFAULT_PROMPT) / CHARS_PER_TOKEN)
-        text += round(len(prompt_template) / CHARS_PER_TOKEN)
-    if family.time_in_text:
-        text += temporal_patches * (
-            TIME_TEXT_TOKENS + 2
-        )  # "<t seconds>", vision start and end per frame pair
-    else:
-        text += 2  # vision start and end around the video
-    return text
-
-
 def recipe_values(path: str | Path) -> dict:
     """The recipe's fields over the defaults of the three dataclasses it fills (nothing is instantiated)."""
     import yaml
@@ -204,6 +180,7 @@ def workload_from_recipe(
     ``stateful_text``: the model has sequence-state layers its family cannot fork after the prompt
     (:func:`video_grpo.prefix.unforkable_layers`), where the shared prompt falls back to the plain forward; Qwen3.5's
     Gated DeltaNet layers are forked (:mod:`video_grpo.state_fork`), so it shares."""
+    family = family.with_text_timestamps(bool(recipe.get("frame_timestamps_in_text")))
     visual, pairs, per_pair = worst_case_video(
         family,
         recipe["video_max_tokens"],
@@ -221,11 +198,17 @@ def workload_from_recipe(
     shared = recipe.get("shared_prefix") is not False and not stateful_text
     from video_grpo.decode import parse_decode_compile
 
+    around = text_around(
+        family,
+        recipe.get("prompt_template"),
+        recipe.get("model_name_or_path"),
+        recipe.get("chat_template_kwargs"),
+    )
     return Workload(
         visual_tokens=visual,
         temporal_patches=pairs,
         frame_tokens=per_pair,
-        text_tokens=text_tokens(family, recipe.get("prompt_template"), pairs),
+        text_tokens=around.tokens(pairs),
         completion_tokens=int(recipe["max_completion_length"]),
         group_size=int(recipe["num_generations"]),
         micro_batch_rows=rows,
@@ -249,4 +232,5 @@ def workload_from_recipe(
         decode_compile=parse_decode_compile(recipe.get("decode_compile", "auto")),
         decode_backend=recipe.get("decode_compile_backend") or "inductor",
         decode_cuda_graphs=bool(recipe.get("decode_cuda_graphs")),
+        sources={"text_tokens": around.source},
     )
