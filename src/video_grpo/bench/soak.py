@@ -15,7 +15,9 @@ cannot be learned, so the work per step stays the same over the run and a slower
 Rows, per case, each with its goal and whether it was met (JSON lines on stdout, a table on stderr):
 
 - ``soak_step_time_drift``: median step time of the last tenth of the measured steps over that of the first tenth;
-  the measured steps start after ``--warmup`` steps (first compile, first allocations);
+  the measured steps start after ``--warmup`` steps (first compile, first allocations). The verdict is on wall
+  time; beside it, each tenth's median wall and CPU time of the process and the load average, since another job
+  on the machine slows the wall clock of a tenth without changing the process's CPU time much;
 - ``soak_rss_growth`` and ``soak_tensor_growth``: MB per 100 steps, the slope of a least-squares line through RSS
   after every measured step, and through the bytes of the tensors Python can reach, counted every
   ``--sample_every`` steps (:func:`video_grpo.bench.soak_sizes.tensor_bytes`);
@@ -255,6 +257,10 @@ def case_rows(result: dict, settings: SoakSettings) -> list[dict]:
             met=drift <= STEP_TIME_GOAL,
             steps_per_tenth=len(head),
             median_ms_per_tenth=[round(1000 * statistics.median(part), 1) for part in tenth_parts(measured)],
+            cpu_median_ms_per_tenth=[
+                round(1000 * statistics.median(part), 1)
+                for part in tenth_parts(record["step_cpu_seconds"][settings.warmup :])
+            ],
             slope_ms_per_100_steps=round(
                 1000 * slope_per_100(list(range(settings.warmup + 1, settings.steps + 1)), measured), 3
             ),

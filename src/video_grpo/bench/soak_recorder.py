@@ -1,5 +1,5 @@
-"""The soak's per-step record (:mod:`video_grpo.bench.soak`): a ``TrainerCallback`` that times each optimizer step,
-reads RSS after it, and every ``sample_every`` steps, outside the timed span, counts live tensor bytes and the
+"""The soak's per-step record (:mod:`video_grpo.bench.soak`): a ``TrainerCallback`` that times each optimizer step
+(wall clock, and this process's CPU time, which other jobs on the machine change far less), reads RSS after it, and every ``sample_every`` steps, outside the timed span, counts live tensor bytes and the
 sizes of :mod:`video_grpo.bench.soak_sizes`."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ class SoakRecord:
     """What one case's run left behind; plain data, so it crosses a process boundary."""
 
     step_seconds: list[float] = field(default_factory=list)
+    step_cpu_seconds: list[float] = field(default_factory=list)  # this process's CPU time per step
     rss: list[int] = field(default_factory=list)  # after each step
     tensor_steps: list[int] = field(default_factory=list)  # steps at which tensor bytes were counted
     tensor_bytes: list[int] = field(default_factory=list)
@@ -45,15 +46,16 @@ class SoakRecorder(TrainerCallback):
         self.sample_every = sample_every
         self.record = SoakRecord()
         self.bar = tqdm(total=steps, desc=label, unit="step", dynamic_ncols=True)
-        self._start = 0.0
+        self._start = self._cpu_start = 0.0
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self._start = time.perf_counter()
+        self._start, self._cpu_start = time.perf_counter(), time.process_time()
 
     def on_step_end(self, args, state, control, **kwargs):
         seconds = time.perf_counter() - self._start
         record, step = self.record, state.global_step
         record.step_seconds.append(seconds)
+        record.step_cpu_seconds.append(time.process_time() - self._cpu_start)
         record.rss.append(rss_bytes())
         record.hooks.append(sum(input_grad_hooks(self.trainer.model)))
         record.load.append(os.getloadavg()[0])
