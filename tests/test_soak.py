@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from video_grpo.bench.soak import SoakSettings, case_rows, run_case, slope_per_100
+from video_grpo.bench.soak import SoakSettings, case_rows, exit_code, run_case, slope_per_100
 
 STEPS = 6
 
@@ -55,3 +55,10 @@ def test_the_soak_rows_read_the_run(tiny_model_dir, fresh_dynamo):
 def test_the_slope_is_per_100_steps():
     assert slope_per_100([10, 20, 30], [5.0, 6.0, 7.0]) == pytest.approx(10.0)
     assert slope_per_100([10], [5.0]) == 0.0
+
+
+def test_check_exits_1_on_a_missed_goal_only():
+    rows = [{"met": True}, {"met": None}]
+    assert exit_code(rows, check=True) == 0
+    assert exit_code([*rows, {"met": False}], check=True) == 1
+    assert exit_code([*rows, {"met": False}], check=False) == 0
