@@ -1,12 +1,14 @@
-"""``python -m video_grpo.bench soak``: does a run keep working, at the same speed and memory, for hundreds of steps?
+"""``python -m video_grpo.bench soak``: does a run keep working, at the same speed and memory, for hundreds of
+steps?
 
-A tiny model of a family (Qwen2.5-VL by default, :mod:`video_grpo.toys.tiny`) trains for ``--steps`` GRPO steps on
-``data_samples``'s videos, sampled so that they give six frame counts (2 to 12), with gradient checkpointing on
-(TRL's default, so what users run: it is what switched the input-gradient hook on and off twice a step), β = 0.04
-(a reference forward each step too) and one generation per step. It runs twice, each in a fresh process: with
-``decode_compile: true`` (``--backend``, inductor by default as on a GPU) and with it off (eager decoding), one after
-the other, so that each has the machine's cores to itself for its whole run (side by side, the case that finished
-first left the other's last tenth alone on the machine: a false speed-up).
+A tiny model of a family (Qwen2.5-VL by default, :mod:`video_grpo.toys.tiny`) trains for ``--steps`` GRPO steps
+on ``data_samples``'s videos, sampled so that they give six frame counts (2 to 12), with gradient checkpointing on
+(TRL's default, so what users run: it is what switched the input-gradient hook on and off twice a step),
+β = 0.04 (a reference forward each step too), one generation per step, all weights or LoRA adapters
+(``--lora``). It runs twice, each in a fresh process: with ``decode_compile: true`` (``--backend``, inductor by
+default as on a GPU) and with it off (eager decoding), one after the other, so that each has the machine's cores
+to itself for its whole run (side by side, the case that finished first left the other's last tenth alone on the
+machine: a false speed-up).
 
 The reward is a hash of each completion's text: it differs within a group (every step has real gradients) but
 cannot be learned, so the work per step stays the same over the run and a slower step means the code slowed down.
@@ -16,8 +18,8 @@ Rows, per case, each with its goal and whether it was met (JSON lines on stdout,
 
 - ``soak_step_time_drift``: median step time of the last tenth of the measured steps over that of the first tenth;
   the measured steps start after ``--warmup`` steps (first compile, first allocations). The verdict is on wall
-  time; beside it, each tenth's median wall and CPU time of the process and the load average, since another job
-  on the machine slows the wall clock of a tenth without changing the process's CPU time much;
+  time; beside it are each tenth's median wall and CPU time of the process and the load average, to tell more
+  work from a busier machine (on the 2-core machine both times moved together with the load, by up to 10%);
 - ``soak_rss_growth`` and ``soak_tensor_growth``: MB per 100 steps, the slope of a least-squares line through RSS
   after every measured step, and through the bytes of the tensors Python can reach, counted every
   ``--sample_every`` steps (:func:`video_grpo.bench.soak_sizes.tensor_bytes`);
@@ -63,6 +65,7 @@ class SoakSettings:
     sample_every: int = 10
     family: str = "qwen2_5_vl"
     backend: str = "inductor"
+    lora: bool = False  # train LoRA adapters (the reference is the base with them disabled)
 
 
 def hash_reward(completions, **kwargs) -> list[float]:
@@ -145,8 +148,14 @@ def build_trainer(model_dir: Path, out_dir: Path, settings: SoakSettings, compil
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
+    peft_config = None
+    if settings.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     return VideoGRPOTrainer(
         model=str(model_dir),
+        peft_config=peft_config,
         reward_funcs=[hash_reward],
         args=args,
         train_dataset=build_dataset(SAMPLES / "train.jsonl", sampling=sampling),
@@ -432,6 +441,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["inductor", "aot_eager", "eager"],
         help="the compiled case's backend (default inductor, what a GPU run gets; aot_eager compiles in seconds)",
     )
+    parser.add_argument("--lora", action="store_true", help="train LoRA adapters (r = 8 on q_proj, v_proj)")
     parser.add_argument("--save", type=Path, help="write each case's per-step record here (JSON)")
     parser.add_argument("--check", action="store_true", help="exit 1 if any row misses its goal")
 
@@ -446,6 +456,7 @@ def soak(args: argparse.Namespace) -> int:
         sample_every=args.sample_every,
         family=args.family,
         backend=args.backend,
+        lora=args.lora,
     )
     if settings.steps < settings.warmup + 10:
         raise SystemExit(

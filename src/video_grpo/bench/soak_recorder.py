@@ -1,6 +1,6 @@
-"""The soak's per-step record (:mod:`video_grpo.bench.soak`): a ``TrainerCallback`` that times each optimizer step
-(wall clock, and this process's CPU time, which other jobs on the machine change far less), reads RSS after it, and every ``sample_every`` steps, outside the timed span, counts live tensor bytes and the
-sizes of :mod:`video_grpo.bench.soak_sizes`."""
+"""The soak's per-step record (:mod:`video_grpo.bench.soak`): a ``TrainerCallback`` that times each optimizer
+step (wall clock, and the process's CPU time), reads RSS after it, and every ``sample_every`` steps, outside the
+timed span, counts live tensor bytes and the sizes of :mod:`video_grpo.bench.soak_sizes`."""
 
 from __future__ import annotations
 
