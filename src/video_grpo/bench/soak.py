@@ -5,9 +5,9 @@ A tiny model of a family (Qwen2.5-VL by default, :mod:`video_grpo.toys.tiny`) tr
 on ``data_samples``'s videos, sampled so that they give six frame counts (2 to 12), with gradient checkpointing on
 (TRL's default, so what users run: it is what switched the input-gradient hook on and off twice a step),
 β = 0.04 (a reference forward each step too), one generation per step, all weights or LoRA adapters
-(``--lora``). It runs twice, each in a fresh process: with ``decode_compile: true`` (``--backend``, inductor by
-default as on a GPU) and with it off (eager decoding), one after the other, so that each has the machine's cores
-to itself for its whole run (side by side, the case that finished first left the other's last tenth alone on the
+(``--lora``), an evaluation every ``--eval_every`` steps if asked (outside the timed steps). It runs twice, each
+in a fresh process: with ``decode_compile: true`` (``--backend``, inductor by default as on a GPU) and with it
+off (eager decoding), one after the other, so that each has the machine's cores to itself for its whole run (side by side, the case that finished first left the other's last tenth alone on the
 machine: a false speed-up).
 
 The reward is a hash of each completion's text: it differs within a group (every step has real gradients) but
@@ -53,7 +53,7 @@ SAMPLES = REPO / "data_samples"
 MB = 2**20
 STEP_TIME_GOAL = 1.05  # last tenth over first tenth
 GROWTH_GOAL_MB = 20.0  # per 100 steps
-# sizes that grow by design: one log entry per logged step, TRL's bounded deque of the last completions
+# sizes that grow by design: the log history, one entry a step and two an evaluation
 GROWS_BY_DESIGN = {"trainer.state.log_history entries"}
 NOISY = {"python objects tracked by gc"}  # shown, with the types that grew, but judged by the memory rows
 
@@ -66,6 +66,7 @@ class SoakSettings:
     family: str = "qwen2_5_vl"
     backend: str = "inductor"
     lora: bool = False  # train LoRA adapters (the reference is the base with them disabled)
+    eval_every: int = 0  # evaluate (sampled rewards and greedy grounding) every this many steps; 0: never
 
 
 def hash_reward(completions, **kwargs) -> list[float]:
@@ -147,6 +148,9 @@ def build_trainer(model_dir: Path, out_dir: Path, settings: SoakSettings, compil
         seed=0,
         dataloader_num_workers=0,
         disable_tqdm=True,
+        eval_strategy="steps" if settings.eval_every else "no",
+        eval_steps=settings.eval_every or None,
+        per_device_eval_batch_size=4,
     )
     peft_config = None
     if settings.lora:
@@ -159,6 +163,10 @@ def build_trainer(model_dir: Path, out_dir: Path, settings: SoakSettings, compil
         reward_funcs=[hash_reward],
         args=args,
         train_dataset=build_dataset(SAMPLES / "train.jsonl", sampling=sampling),
+        eval_dataset=build_dataset(SAMPLES / "test.jsonl", sampling=sampling)
+        if settings.eval_every
+        else None,
+        grounding_eval_samples=4,
         processing_class=AutoProcessor.from_pretrained(model_dir),
         decode_compile="true" if compiled else "false",
         decode_compile_backend=settings.backend,
@@ -369,6 +377,8 @@ def case_rows(result: dict, settings: SoakSettings) -> list[dict]:
         )
     )
     early, last = record["early_sizes"], record["last_sizes"]
+    evaluations = settings.steps // settings.eval_every if settings.eval_every else 0
+    logged = settings.steps - first + 2 * evaluations  # the log gains one entry a step, two an evaluation
     for name in sorted(early):
         grows_by_design = name in GROWS_BY_DESIGN
         extra = (
@@ -382,11 +392,11 @@ def case_rows(result: dict, settings: SoakSettings) -> list[dict]:
                 last[name],
                 early[name],
                 f"{name}: at step {settings.steps} (ours) and step {first} (baseline)",
-                goal="one per logged step"
+                goal="one per step, two per evaluation"
                 if grows_by_design
                 else ("reported" if name in NOISY else "no growth"),
                 met=(
-                    last[name] - early[name] <= settings.steps - first
+                    last[name] - early[name] <= logged
                     if grows_by_design
                     else (None if name in NOISY else last[name] <= early[name])
                 ),
@@ -442,6 +452,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the compiled case's backend (default inductor, what a GPU run gets; aot_eager compiles in seconds)",
     )
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters (r = 8 on q_proj, v_proj)")
+    parser.add_argument(
+        "--eval_every",
+        type=int,
+        default=defaults.eval_every,
+        help="evaluate every N steps (sampled rewards, then greedy grounding on 4 test videos; default never); "
+        "the warm-up then lasts at least N steps, so that it includes the first evaluation",
+    )
     parser.add_argument("--save", type=Path, help="write each case's per-step record here (JSON)")
     parser.add_argument("--check", action="store_true", help="exit 1 if any row misses its goal")
 
@@ -452,11 +469,12 @@ def soak(args: argparse.Namespace) -> int:
 
     settings = SoakSettings(
         steps=args.steps,
-        warmup=args.warmup,
+        warmup=max(args.warmup, args.eval_every),  # the first evaluation compiles its graph: warm-up too
         sample_every=args.sample_every,
         family=args.family,
         backend=args.backend,
         lora=args.lora,
+        eval_every=args.eval_every,
     )
     if settings.steps < settings.warmup + 10:
         raise SystemExit(

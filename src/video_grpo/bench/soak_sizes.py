@@ -79,12 +79,15 @@ def container_sizes(trainer) -> dict[str, int]:
     sizes = {
         "trainer._metrics[train] values": sum(len(values) for values in metrics.values()),
         "trainer._metrics[train] keys": len(metrics),
+        "trainer._metrics[eval] values": sum(len(values) for values in trainer._metrics["eval"].values()),
         "trainer._pending_metrics values": sum(
             len(v) for v in getattr(trainer, "_pending_metrics", {}).values()
         ),
         "trainer.state.log_history entries": len(trainer.state.log_history),
         "trainer._logs completions": len(trainer._logs["completion"]),
         "trainer._warned_bad_videos": len(trainer._warned_bad_videos),
+        # accelerate keeps every data loader it prepared; transformers prepares a new one at each evaluation
+        "trainer.accelerator._dataloaders": len(trainer.accelerator._dataloaders),
         "hooks on the policy's modules": _hook_count(model),
         "input-embedding gradient hooks": sum(input_grad_hooks(model)),
         "python objects tracked by gc": len(gc.get_objects()),
