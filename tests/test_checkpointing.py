@@ -9,6 +9,7 @@ gradients only through it. The training runs that count hooks step by step are i
 
 from __future__ import annotations
 
+import pickle
 from copy import deepcopy
 
 import pytest
@@ -68,7 +69,7 @@ def test_one_hook_however_often_checkpointing_is_switched(family, reentrant, pef
     cycle(copy, kwargs)
     assert input_grad_hooks(copy) == one_each and input_grad_hooks(model) == one_each
     bound = [
-        m.enable_input_require_grads.__self__ is m for m in copy.modules() if isinstance(m, PreTrainedModel)
+        m.enable_input_require_grads.module is m for m in copy.modules() if isinstance(m, PreTrainedModel)
     ]
     assert bound and all(bound)
 
@@ -103,3 +104,14 @@ def test_lora_with_reentrant_checkpointing_still_gets_gradients(tiny_model_dir):
     assert input_grad_hooks(model) == [0, 0]
     with pytest.raises(RuntimeError, match="does not require grad"), pytest.warns(UserWarning):
         adapter_grads()  # every layer checkpointed, no input with grad: the loss has no graph at all
+
+
+def test_a_model_with_the_keeper_pickles(tiny_model_dir):
+    """torch.save(model) pickles it: the keeper must not stop that (transformers' own hook, a local function, does
+    while checkpointing is on; the trainer installs the keeper whatever the setting)."""
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    keep_one_input_grad_hook(model)
+    again = pickle.loads(pickle.dumps(model))
+    again.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    cycle(again, {"use_reentrant": False})
+    assert set(input_grad_hooks(again)) == {1}

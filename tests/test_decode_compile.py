@@ -26,7 +26,8 @@ from .test_trainer import make_trainer
 
 G = 4
 NEW_TOKENS = 8
-# keep_cache: the cache keeps its addresses, as CUDA graphs need
+# keep_cache: the cache keeps its addresses, as CUDA graphs need. The exactness tests' decoders are strict
+# (decode_compile: true): a failure raises, instead of an eager redo whose tokens would match by construction
 CHEAP = DecodeSettings("aot_eager", keep_cache=True)
 
 
@@ -208,7 +209,7 @@ def test_compiled_decoding_is_exact(family, backend, family_model, train_file):
     same graph as ``aot_eager``, without AOT autograd: cheaper.)"""
     processor, model = load(family_model(family))
     kwargs = settings_kwargs(processor, model, do_sample=False)
-    decoder = CompiledDecoder(rows=2 * G, settings=DecodeSettings(backend, keep_cache=True))
+    decoder = CompiledDecoder(rows=2 * G, settings=DecodeSettings(backend, keep_cache=True), strict=True)
     batches = calls(processor, model, family_dataset(train_file, family))
     if family != "qwen2_5_vl":
         batches = [batches[0], batches[-1]]
@@ -245,7 +246,7 @@ def test_inductor_step_is_exact_and_the_cache_is_freed_without_cuda_graphs(tiny_
     graphs the cache is freed after each call, and a new allocation does not recompile."""
     processor, model = load(tiny_model_dir)
     kwargs = settings_kwargs(processor, model, do_sample=False)
-    decoder = CompiledDecoder(rows=2 * G, settings=DecodeSettings("inductor"))
+    decoder = CompiledDecoder(rows=2 * G, settings=DecodeSettings("inductor"), strict=True)
     first, _, partial = calls(processor, model, family_dataset(train_file, "qwen2_5_vl"))
     for inputs, _ in (first, partial):
         compiled = prefill.generate(model, **inputs, **kwargs, decoder=decoder)
@@ -279,7 +280,7 @@ def test_evaluation_decodes_through_the_step(tiny_model_dir, train_file):
 
     processor, model = load(tiny_model_dir)
     rows = family_dataset(train_file, "qwen2_5_vl").__getitems__([1, 1, 2, 2])
-    decoder = CompiledDecoder(rows=4, settings=CHEAP)
+    decoder = CompiledDecoder(rows=4, settings=CHEAP, strict=True)
     eager = generate_answers(model, processor, rows, max_new_tokens=4)
     for shared in (True, False):
         assert generate_answers(model, processor, rows, 4, shared_prefill=shared, decoder=decoder) == eager

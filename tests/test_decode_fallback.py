@@ -179,3 +179,30 @@ def test_the_graph_bound_stops_before_torchs_recompile_limit(setup, caplog):
     assert torch.equal(compiled, eager)
     assert decoder.stats.graphs == 1 and decoder.stats.fallbacks == 1 and not decoder.enabled
     assert "recompile_limit 2" in caplog.text
+
+
+def test_errors_outside_the_compiled_path_propagate_as_they_are(setup, monkeypatch):
+    """Only the compiled path's own failures fall back. A logits processor that raises (a stand-in for sampling,
+    a collective, the model's first eager step) propagates unchanged, and so does a device error from inside the
+    step (an illegal memory access leaves the device unusable: no eager redo can help)."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    processor, model, batches = setup
+
+    class Broken(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            raise ValueError("probability tensor contains inf")
+
+    decoder = CompiledDecoder(rows=2 * G, settings=CHEAP)
+    kwargs = settings_kwargs(
+        processor, model, do_sample=True, logits_processor=LogitsProcessorList([Broken()])
+    )
+    with pytest.raises(ValueError, match="probability tensor contains inf"):
+        prefill.generate(model, **batches[0], **kwargs, decoder=decoder)
+    assert decoder.enabled and decoder.stats.fallbacks == 0
+    failing_step(
+        monkeypatch, 1, torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+    )
+    with pytest.raises(torch.AcceleratorError):
+        prefill.generate(model, **batches[0], **settings_kwargs(processor, model), decoder=decoder)
+    assert decoder.enabled and decoder.stats.fallbacks == 0

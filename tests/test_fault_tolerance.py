@@ -224,9 +224,17 @@ def test_decode_compile_true_under_zero3_without_gathering_fails_before_the_mode
         ValueError, match=r"decode_compile: true, but ZeRO-3 without ds3_gather_for_generation"
     ):
         entry.main(*entry.parse_args(["--config", recipe]))
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")  # ZeRO-2 holds whole weights: no error here
     from video_grpo.configs import check_decode_launch
 
+    monkeypatch.delenv("ACCELERATE_DEEPSPEED_ZERO_STAGE")  # a launch with deepspeed_config_file sets no stage
+    ds_config = tmp_path / "ds.json"
+    ds_config.write_text('{"zero_optimization": {"stage": 3}}')
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(ds_config))
+    with pytest.raises(
+        ValueError, match=r"decode_compile: true, but ZeRO-3 without ds3_gather_for_generation"
+    ):
+        check_decode_launch(*entry.parse_args(["--config", recipe])[:2])
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")  # ZeRO-2 holds whole weights: no error here
     check_decode_launch(*entry.parse_args(["--config", recipe])[:2])
 
 

@@ -85,6 +85,7 @@ def test_the_counts_for_hub_models_are_qwens_tokenizer():
         )
         assert (counted.fixed, counted.per_pair) == (hub.fixed, hub.per_pair) == (fixed, per_pair)
         assert hub.source == "Qwen's measured counts (no local model folder)"
+        assert counted.source == f"{model}'s tokenizer and chat template"  # counted, not the constants again
 
 
 def test_a_folder_without_a_tokenizer_is_planned_with_qwens_counts_and_says_so(tiny_model_dir, tmp_path):

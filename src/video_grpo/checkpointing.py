@@ -23,8 +23,6 @@ go then.
 
 from __future__ import annotations
 
-import types
-
 import torch
 
 HOOK_QUALNAME = "enable_input_require_grads.<locals>.make_inputs_require_grads"
@@ -73,19 +71,25 @@ def _keep_newest(model) -> None:
                 table.pop(key, None)
 
 
-def _enable_keeping_one(self) -> None:
-    """``enable_input_require_grads`` as the class defines it, then one hook per embedding module."""
-    type(self).enable_input_require_grads(self)
-    _keep_newest(self)
+class _EnableKeepingOne:
+    """A module's ``enable_input_require_grads``: the class's, then one hook per embedding module. An object
+    holding its module (not a closure, nor a method bound under a name the module lacks), so a deep copy of the
+    model binds the copy and a pickled model loads again."""
+
+    def __init__(self, module) -> None:
+        self.module = module
+
+    def __call__(self) -> None:
+        type(self.module).enable_input_require_grads(self.module)
+        _keep_newest(self.module)
 
 
 def keep_one_input_grad_hook(model) -> None:
     """Make every ``enable_input_require_grads`` of ``model`` (a ``PreTrainedModel`` or a PEFT model around one)
-    leave one input-gradient hook per embedding module, and drop the extra ones already there. Idempotent. Bound
-    to each module (not a closure), so a deep copy of the model binds the copy."""
+    leave one input-gradient hook per embedding module, and drop the extra ones already there. Idempotent."""
     from transformers import PreTrainedModel
 
     for module in model.modules():
         if isinstance(module, PreTrainedModel) and "enable_input_require_grads" not in vars(module):
-            module.enable_input_require_grads = types.MethodType(_enable_keeping_one, module)
+            module.enable_input_require_grads = _EnableKeepingOne(module)
     _keep_newest(model)

@@ -98,12 +98,16 @@ def decode_compile_on(value: str, device: torch.device | str) -> bool:
 class DecodeSettings:
     """How the step is compiled. ``cuda_graphs``: replay the step as one CUDA graph (inductor on CUDA only);
     ``keep_cache``: the static cache stays allocated between calls (needed with CUDA graphs; default: as
-    ``cuda_graphs``); ``fullgraph``: the step must be one graph (decided before compiling by :func:`step_fullgraph`)."""
+    ``cuda_graphs``); ``fullgraph``: the step must be one graph (decided before compiling by :func:`step_fullgraph`);
+    ``skip_guards``: see :meth:`CompiledDecoder._step` (off under ZeRO-3)."""
 
     backend: str = "inductor"
     cuda_graphs: bool = False
     keep_cache: bool | None = None
     fullgraph: bool = True
+    skip_guards: bool = (
+        True  # after a call's first step, check only the guards that tell graphs apart (_step)
+    )
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -133,11 +137,19 @@ def step_fullgraph(
       Gated DeltaNet) on CUDA, where transformers runs them through hub kernels that may not trace."""
     if zero_stage == 3:
         return False, "ZeRO-3's pre-forward hook runs between graphs"
-    if attn_implementation and attn_implementation.startswith("flash_attention"):
+    if attn_implementation and _is_flash_attention(attn_implementation):
         return False, f"{attn_implementation} is a graph break"
     if kernel_layers and torch.device(device).type == "cuda":
         return False, f"{', '.join(kernel_layers)} layers may run hub kernels on CUDA"
     return True, "one graph"
+
+
+def _is_flash_attention(attn_implementation: str) -> bool:
+    """transformers' own test (``flash_attention_2``, ``_3``, hub kernels such as ``kernels-community/flash-attn3``,
+    ``paged|flash_attention_2``): the implementations for which its ``generate`` compiles without fullgraph."""
+    from transformers.utils.generic import is_flash_attention_requested
+
+    return is_flash_attention_requested(requested_attention_implementation=attn_implementation)
 
 
 def step_shape(config) -> dict[str, Any]:
@@ -183,7 +195,9 @@ def decode_settings(
     on_cuda = torch.device(device).type == "cuda"
     fullgraph, graph_why = step_fullgraph(zero_stage, attn_implementation, device, kernel_layers)
     shape = "one graph" if fullgraph else f"graph breaks allowed ({graph_why})"
-    plain = DecodeSettings(backend, False, fullgraph=fullgraph)
+    # under ZeRO-3 a later step of a call needed a recompile on the CPU twin: every step checks every guard there
+    skip = zero_stage != 3
+    plain = DecodeSettings(backend, False, fullgraph=fullgraph, skip_guards=skip)
     if not cuda_graphs:
         return plain, f"compiled ({backend}, {shape}), without CUDA graphs (decode_cuda_graphs: false)"
     if not on_cuda or backend != "inductor":
@@ -194,9 +208,8 @@ def decode_settings(
             f"compiled (inductor, {shape}) without the CUDA graphs asked for: ZeRO-3 gathers the weights into new "
             "buffers for each generation call"
         )
-    return DecodeSettings(
-        backend, True, fullgraph=fullgraph
-    ), f"compiled (inductor, {shape}) with CUDA graphs"
+    settings = DecodeSettings(backend, True, fullgraph=fullgraph, skip_guards=skip)
+    return settings, f"compiled (inductor, {shape}) with CUDA graphs"
 
 
 # torch's recompile_limit (8 in torch 2.14) counts the graphs of one code object, the model's __call__ here; the
@@ -225,11 +238,13 @@ class DecodeStats:
     last_guard_failure: str = ""
     graph_keys: set = field(default_factory=set)  # (rows, cache length, train mode) of each call
     new_key: bool = False  # the call being decoded has a shape no earlier call had
+    guard_mark: dict = field(default_factory=dict, repr=False)  # guard failures recorded before this compile
 
     @property
     def recompiles(self) -> int:
-        """Graphs beyond the first: another call shape (see the class doc), or an unexpected recompile."""
-        return max(0, self.graphs - 1)
+        """Compiles of the step beyond the first: another call shape (see the class doc), or an unexpected
+        recompile. (Where graph breaks are allowed, one compile makes several graphs: ``graphs`` counts those.)"""
+        return max(0, len(self.graph_keys) - 1) + self.unexpected_recompiles if self.graphs else 0
 
 
 class CompiledDecodeFailed(RuntimeError):
@@ -241,30 +256,51 @@ class GraphBoundExceeded(RuntimeError):
     """The step would compile more graphs than its call shapes explain, or reach torch's recompile limit."""
 
 
+def error_chain(error: BaseException) -> list[BaseException]:
+    """``error`` and what it was raised from (``raise ... from``, or dynamo's ``inner_exception``), outermost
+    first. An error merely being handled when another was raised (``__context__``) is not followed."""
+    chain: list[BaseException] = []
+    while error is not None and all(error is not seen for seen in chain):
+        chain.append(error)
+        error = error.__cause__ or getattr(error, "inner_exception", None)
+    return chain
+
+
 def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error``, or any error it was raised from, is an allocation failure (CUDA's ``OutOfMemoryError``,
-    or the CPU allocator's): never taken for a compile failure."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        text = str(error).lower()
-        if (
-            isinstance(error, torch.OutOfMemoryError)
-            or "out of memory" in text
-            or "can't allocate memory" in text
-        ):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    """Whether ``error``, or an error it was raised from, is an allocation failure (CUDA's ``OutOfMemoryError``, or
+    the CPU allocator's): never taken for a compile failure."""
+    return any(
+        isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc)
+        for exc in error_chain(error)
+    )
 
 
-def newest_guard_failure() -> str:
-    """The reason dynamo gave for its latest recompile, in any function (dynamo records one per failed guard
-    check that led to a compile, even with its logs off)."""
+def must_propagate(error: BaseException) -> bool:
+    """Errors no eager retry can help, raised as they are: out of memory, a device error that leaves the device
+    unusable (``torch.AcceleratorError``: an illegal memory access, a device-side assert), a failed collective."""
+    fatal = (torch.AcceleratorError, torch.distributed.DistError)
+    return is_out_of_memory(error) or any(isinstance(exc, fatal) for exc in error_chain(error))
+
+
+def guard_failure_counts() -> dict:
+    """How many guard failures dynamo has recorded so far, per function (a mark for :func:`guard_failure_since`)."""
     from torch._dynamo.utils import guard_failures
 
-    reasons = [reason for failures in guard_failures.values() for reason in failures[-1:]]
-    return reasons[-1].splitlines()[0] if reasons else ""
+    return {code: len(failures) for code, failures in guard_failures.items()}
+
+
+def guard_failure_since(mark: dict) -> str:
+    """The guard that failed for the latest recompile after ``mark``: dynamo records, per recompile, one reason for
+    each cached graph of the function, the most recently used first, and reports the first; so does this (from the
+    function whose record grew last), even with dynamo's logs off."""
+    from torch._dynamo.utils import guard_failures
+
+    grown = [
+        failures[mark.get(code, 0)]
+        for code, failures in guard_failures.items()
+        if len(failures) > mark.get(code, 0)
+    ]
+    return grown[-1].splitlines()[0] if grown else ""
 
 
 def _cuda_graph_skips() -> int:
@@ -293,7 +329,7 @@ def _counting_backend(settings: DecodeSettings, stats: DecodeStats):
         limit = torch._dynamo.config.recompile_limit
         if not stats.new_key:
             stats.unexpected_recompiles += 1
-            stats.last_guard_failure = newest_guard_failure()
+            stats.last_guard_failure = guard_failure_since(stats.guard_mark)
             logger.warning(
                 "decode_compile: the step recompiled for a call shape it had compiled before (guard that failed: "
                 f"{stats.last_guard_failure or 'unknown'}); {stats.unexpected_recompiles} such recompile(s)"
@@ -306,6 +342,7 @@ def _counting_backend(settings: DecodeSettings, stats: DecodeStats):
                 f"failed last: {stats.last_guard_failure or 'unknown'}"
             )
         stats.graphs += 1
+        stats.guard_mark = guard_failure_counts()
         compiled = _compile_graph(settings, graph, example_inputs)
 
         def run(*args, **kwargs):
@@ -348,7 +385,7 @@ class CompiledDecoder:
         self.last_call_compiled = False
         self._compiled = None  # (model, its torch.compile'd __call__)
         self._guards_checked = False
-        self.skip_guards = self.settings.fullgraph  # see _step
+        self.skip_guards = self.settings.skip_guards  # see _step
         self.compile_config = CompileConfig(
             fullgraph=self.settings.fullgraph,
             dynamic=False,
@@ -444,14 +481,19 @@ class CompiledDecoder:
             vars(model).update(saved)
 
     def _step(self, *args, **kwargs):
-        """One decode step through the compiled forward. Dynamo checks its guards (every weight's and input's
-        shape, dtype, the model's mode...) before each call: at 36 layers that took a fifth of a compiled CPU step
-        (``video_grpo.bench.decode_step``). Within one ``generate`` call nothing they check changes from step to
-        step (the same rows, cache, weights and mode), so after the first step of a call has passed them all, the
-        others check only the guards that tell the cached graphs apart (``skip_guard_eval_unsafe``).
+        """One decode step through the compiled forward (:meth:`_run_step`); its failures are the compiled path's."""
+        with self._compiled_path():
+            return self._run_step(*args, **kwargs)
 
-        Not where the step is more than one graph (ZeRO-3: DeepSpeed's pre-forward hook runs between the two, and
-        on the ZeRO-3 CPU twin a later step of a call did need a recompile there). If dynamo finds a step that
+    def _run_step(self, *args, **kwargs):
+        """Dynamo checks its guards (every weight's and input's shape, dtype, the model's mode...) before each
+        call: at 36 layers that took a fifth of a compiled CPU step (``video_grpo.bench.decode_step``). Within one
+        ``generate`` call nothing they check changes from step to step (the same rows, cache, weights and mode), so
+        after the first step of a call has passed them all, the others check only the guards that tell the cached
+        graphs apart (``skip_guard_eval_unsafe``).
+
+        Not under ZeRO-3 (``DecodeSettings.skip_guards``: DeepSpeed's pre-forward hook runs between two graphs,
+        and on the ZeRO-3 CPU twin a later step of a call did need a recompile there). If dynamo finds a step that
         needs one anyway, it refuses to compile in this stance; the step then runs with every guard, and so do
         all later ones."""
         _, compiled = self._compiled
@@ -476,6 +518,13 @@ class CompiledDecoder:
         self.enabled = self.last_call_compiled = False
         self.stats.fallbacks += 1
         self.release()
+        self._compiled = (
+            None  # the compiled call and, with CUDA graphs, their memory pool are not needed again
+        )
+        if self.settings.cuda_graphs:
+            from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+            reset_cudagraph_trees()
         logger.warning(
             f"decode_compile: the compiled decode step failed ({describe_failure(error)}); this call and every "
             "later one decode eagerly (decode/compiled = 0, decode/fallbacks = 1). Set decode_compile: false to "
@@ -500,20 +549,30 @@ class CompiledDecoder:
         **inputs: Any,
     ):
         """``generate_fn`` (the model's ``generate``) over the rows, each starting from row ``index[r]`` of
-        ``prefill_cache`` (which holds every prompt but its last token), through the compiled step. Any failure
-        but an allocation failure is raised as :class:`CompiledDecodeFailed` (the caller decodes the call again
-        eagerly, or stops the run); an out-of-memory error propagates as it is.
+        ``prefill_cache`` (which holds every prompt but its last token), through the compiled step. A failure of
+        the compiled path's own parts (filling the static cache, tracing, compiling or running the compiled step)
+        is raised as :class:`CompiledDecodeFailed` (the caller decodes the call again eagerly, or stops the run),
+        except what :func:`must_propagate` names; any other error (sampling, a collective, the model's first eager
+        step) propagates as it is.
 
         A greedy call with fewer rows than the cache is padded to them (copies of its last row, whose answers are
         dropped), so it reuses the graph. A sampled call is not: the padding rows would draw from the random
         generator too and change every later token, so it decodes on the cache's first rows, and a new row count
         compiles one more graph (training samples a fixed count: TRL yields whole generation batches only)."""
+        return self._generate(model, generate_fn, prefill_cache, index, **inputs)
+
+    @contextlib.contextmanager
+    def _compiled_path(self):
+        """Failures inside the block are the compiled path's: raised as :class:`CompiledDecodeFailed`, unless
+        :func:`must_propagate`."""
         try:
-            return self._generate(model, generate_fn, prefill_cache, index, **inputs)
+            yield
+        except CompiledDecodeFailed:
+            raise
         except Exception as err:
-            if is_out_of_memory(err):
+            if must_propagate(err):
                 raise
-            raise CompiledDecodeFailed(describe_failure(err)) from err
+            raise CompiledDecodeFailed(describe_failure(err, self.stats.guard_mark)) from err
 
     def _generate(
         self,
@@ -546,7 +605,8 @@ class CompiledDecoder:
             index = index[pick]
         backbone = _backbone(model)
         backbone.rope_deltas = backbone.rope_deltas[index]
-        cache = self.fill(model, prefill_cache, index, input_ids.shape[1], new_tokens)
+        with self._compiled_path():
+            cache = self.fill(model, prefill_cache, index, input_ids.shape[1], new_tokens)
         del prefill_cache
         key = (rows, self.max_cache_len, model.training)
         self.stats.new_key = key not in self.stats.graph_keys
@@ -588,8 +648,9 @@ class CompiledDecoder:
             )
 
 
-def describe_failure(error: BaseException) -> str:
-    """One line naming a failure of the compiled path, with the guard that failed last if it was a recompile."""
+def describe_failure(error: BaseException, guard_mark: dict | None = None) -> str:
+    """One line naming a failure of the compiled path; for torch's recompile limit, with the guard that failed
+    for the recompile after ``guard_mark`` (:func:`guard_failure_counts`)."""
     from torch._dynamo.exc import FailOnRecompileLimitHit
 
     if isinstance(error, CompiledDecodeFailed):  # already described where it was raised
@@ -599,14 +660,10 @@ def describe_failure(error: BaseException) -> str:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
-    chain, seen = [], set()
-    while error is not None and id(error) not in seen:  # a wrapper (BackendCompilerFailed), then its causes
-        seen.add(id(error))
-        chain.append(error)
-        error = error.__cause__ or getattr(error, "inner_exception", None) or error.__context__
+    chain = error_chain(error)  # a wrapper (BackendCompilerFailed), then its causes
     text = first_line(chain[0]) + ("" if len(chain) == 1 else f" <- {first_line(chain[-1])}")
     if any(isinstance(exc, FailOnRecompileLimitHit) for exc in chain):
-        guard = newest_guard_failure()
+        guard = guard_failure_since(guard_mark or {})
         text += f" (guard that failed: {guard})" if guard else ""
     return text[:600]
 

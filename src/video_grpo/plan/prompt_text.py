@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,8 @@ TIME_TEXT_TOKENS = (
     7  # "<99.9 seconds>" in Qwen's tokenizer: each digit is a token (6 under 10 s, 8 from 100 s)
 )
 CHARS_PER_TOKEN = 3.5  # for a recipe's own prompt_template in Qwen's counts: English text, roughly
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,10 @@ def _text_around(
         else:
             return TextAround(fixed, per_pair, f"{model}'s tokenizer and chat template")
     fixed, per_pair = qwen_counts(family, prompt_template)
+    logger.warning(
+        f"plan: the prompt's text is counted with Qwen's measured counts, not {model}'s own ({why}); a tokenizer "
+        "that spells it longer makes the static decode cache grow once"
+    )
     return TextAround(fixed, per_pair, f"Qwen's measured counts ({why})")
 
 

@@ -180,6 +180,8 @@ def workload_from_recipe(
     ``stateful_text``: the model has sequence-state layers its family cannot fork after the prompt
     (:func:`video_grpo.prefix.unforkable_layers`), where the shared prompt falls back to the plain forward; Qwen3.5's
     Gated DeltaNet layers are forked (:mod:`video_grpo.state_fork`), so it shares."""
+    from video_grpo.decode import parse_cuda_graphs
+
     family = family.with_text_timestamps(bool(recipe.get("frame_timestamps_in_text")))
     visual, pairs, per_pair = worst_case_video(
         family,
@@ -231,6 +233,6 @@ def workload_from_recipe(
         gather_for_generation=bool(recipe.get("ds3_gather_for_generation", True)),
         decode_compile=parse_decode_compile(recipe.get("decode_compile", "auto")),
         decode_backend=recipe.get("decode_compile_backend") or "inductor",
-        decode_cuda_graphs=bool(recipe.get("decode_cuda_graphs")),
+        decode_cuda_graphs=parse_cuda_graphs(recipe.get("decode_cuda_graphs", False)),
         sources={"text_tokens": around.source},
     )
