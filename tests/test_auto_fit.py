@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -123,11 +124,18 @@ def test_a_cpu_run_needs_the_memory_to_fit(tiny_model_dir, tmp_path):
         apply_auto_fit(*arguments(tiny_model_dir, tmp_path, "--auto_fit", "true"))
 
 
-def test_the_planner_previews_auto_fit(tiny_model_dir, capsys):
+def test_the_planner_previews_auto_fit(tiny_model_dir, capsys, tmp_path):
+    import yaml
+
     from video_grpo.plan import main
 
+    # the recipe's model is the tiny folder, whose tokenizer counts the prompt (outputs/ may not exist: a fresh
+    # clone before make tiny, where the planner would count with Qwen's tokenizer's numbers instead)
+    recipe = tmp_path / "recipe.yaml"
+    values = yaml.safe_load(Path(RECIPE).read_text(encoding="utf-8"))
+    recipe.write_text(yaml.safe_dump({**values, "model_name_or_path": str(tiny_model_dir)}))
     config = str(tiny_model_dir / "config.json")
-    flags = ["--config", RECIPE, "--model_config", config, "--gpu", "cpu", "--gpu_memory_gb", "0.16"]
+    flags = ["--config", str(recipe), "--model_config", config, "--gpu", "cpu", "--gpu_memory_gb", "0.16"]
     assert main([*flags, "--auto_fit", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["after"] == {"gradient_checkpointing": True}
 

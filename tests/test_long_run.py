@@ -81,6 +81,8 @@ def test_a_long_run_stays_healthy(decoding, tiny_model_dir, train_file, tmp_path
     )
     assert counts.hooks[0] and set(counts.hooks[0]) == {1}
     assert len(widths) >= 3, widths  # prompts of at least three widths were generated from
+    # accelerate's prepared loaders: the training one and the last evaluation's, not one more per evaluation
+    assert len(trainer.accelerator._dataloaders) == 2, trainer.accelerator._dataloaders
     history = trainer.state.log_history
     evaluations = [entry for entry in history if "eval_mIoU" in entry]
     assert len(evaluations) == STEPS // 4, evaluations

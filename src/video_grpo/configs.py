@@ -467,7 +467,7 @@ def check_decode_launch(script_args: GRPOScriptArguments, training_args) -> None
     if script_args.decode_compile != "true":
         return
     from video_grpo.decode import decode_settings
-    from video_grpo.plan.startup import launch_from_environment
+    from video_grpo.launch_env import launch_from_environment
 
     zero_stage = launch_from_environment()["zero_stage"]
     settings, why = decode_settings(

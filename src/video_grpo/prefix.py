@@ -47,19 +47,9 @@ def stateful_layers(config) -> list[str]:
 
 
 def forkable_state(config) -> bool:
-    """Whether the model has stateful layers and its family forks all of them (:mod:`video_grpo.state_fork`).
-
-    Where it does, the layers' forward is wrapped now (:func:`video_grpo.state_fork.install`), before anything
-    compiles the model: wrapped at the first packed forward instead, the class's ``forward`` changed under a
-    compiled decode step that guards on it, which then recompiled at the next generation call (one unexpected
-    recompile per run, ``python -m video_grpo.bench soak --family qwen3_5``)."""
+    """Whether the model has stateful layers and its family forks all of them (:mod:`video_grpo.state_fork`)."""
     stateful = stateful_layers(config)
-    forkable = bool(stateful) and not unforkable_layers(config)
-    if forkable:
-        from video_grpo import state_fork
-
-        state_fork.install()
-    return forkable
+    return bool(stateful) and not unforkable_layers(config)
 
 
 def unforkable_layers(config) -> list[str]:

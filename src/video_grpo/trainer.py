@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
+from video_grpo import state_fork
 from video_grpo.checkpointing import keep_one_input_grad_hook
 from video_grpo.decode import (
     CompiledDecoder,
@@ -194,6 +195,11 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             decode_compile, decode_compile_backend, decode_cuda_graphs, decode_cache_tokens
         )
         self._fork_state = forkable_state(base.config)  # packed forwards fork Gated DeltaNet states
+        if self._fork_state:
+            # Wrapped now, before anything compiles the model: wrapped at the first packed forward, the layers'
+            # forward changed under the compiled decode step, which recompiled at the next generation call (one
+            # unexpected recompile a run; found by python -m video_grpo.bench soak --family qwen3_5)
+            state_fork.install()
         self._language_model = base.model  # its get_rope_index lays out the packed rows' positions
         self._eager_attention = getattr(base.config, "_attn_implementation", None) == "eager"
         self.prefix_positions = [0, 0]  # (plain, packed) token positions of the shared-prefix forwards so far
@@ -265,6 +271,19 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
                 self.log(grounding)
                 metrics.update(grounding)
         return metrics
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        """transformers' evaluation loader, without a leak: it prepares a new loader at each evaluation, and
+        accelerate keeps every loader it prepared (``Accelerator._dataloaders``, saved with each checkpoint), one
+        more per evaluation for the whole run (found by ``python -m video_grpo.bench soak --eval_every``). The
+        previous evaluation's loader is dropped from that list when the next one is made."""
+        loader = super().get_eval_dataloader(eval_dataset)
+        previous = getattr(self, "_last_eval_loader", None)
+        if previous is not None and previous is not loader:
+            prepared = self.accelerator._dataloaders
+            prepared[:] = [kept for kept in prepared if kept is not previous]
+        self._last_eval_loader = loader
+        return loader
 
     def grounding_metrics(self, dataset) -> dict[str, float]:
         """R1@{0.3,0.5,0.7} and mIoU (in %) from greedy answers, queries sharded over processes.

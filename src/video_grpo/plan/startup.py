@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 
+from video_grpo.launch_env import launch_from_environment
 from video_grpo.plan.autofit import FitResult, auto_fit
 from video_grpo.plan.model import load_model_config, read_model_shape
 from video_grpo.plan.prompt_text import text_around
@@ -15,36 +16,6 @@ from video_grpo.plan.recipe import GB, Plan, make_plan, resolve_gpu
 from video_grpo.plan.workload import decode_cache_positions, workload_from_recipe, worst_case_video
 
 logger = logging.getLogger(__name__)
-
-
-def launch_from_environment() -> dict:
-    """The launch as ``accelerate launch`` describes it to its processes (environment variables)."""
-    import os
-
-    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-    return {
-        "num_processes": int(os.environ.get("WORLD_SIZE", "1")),
-        "zero_stage": _zero_stage_from_environment() if deepspeed else 0,
-        "offload_optimizer": os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none")
-        != "none",
-        "offload_params": os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", "none") != "none",
-        "mixed_precision": os.environ.get("ACCELERATE_MIXED_PRECISION"),
-    }
-
-
-def _zero_stage_from_environment() -> int:
-    """The ZeRO stage of an accelerate launch: its accelerate config's ``zero_stage``, or, for a launch with a
-    ``deepspeed_config_file`` (which sets no stage variable), that JSON file's ``zero_optimization.stage``."""
-    import json
-    import os
-
-    if "ACCELERATE_DEEPSPEED_ZERO_STAGE" in os.environ:
-        return int(os.environ["ACCELERATE_DEEPSPEED_ZERO_STAGE"])
-    path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
-    if not path:
-        return 0
-    with open(path, encoding="utf-8") as file:
-        return int(json.load(file).get("zero_optimization", {}).get("stage", 0))
 
 
 def run_device(training_args, memory_gb: float | None = None) -> dict | None:
