@@ -540,27 +540,6 @@ class CompiledDecoder:
 
     # -- decoding -------------------------------------------------------------------------------------------
 
-    def generate(
-        self,
-        model,
-        generate_fn,
-        prefill_cache,
-        index: torch.Tensor,
-        **inputs: Any,
-    ):
-        """``generate_fn`` (the model's ``generate``) over the rows, each starting from row ``index[r]`` of
-        ``prefill_cache`` (which holds every prompt but its last token), through the compiled step. A failure of
-        the compiled path's own parts (filling the static cache, tracing, compiling or running the compiled step)
-        is raised as :class:`CompiledDecodeFailed` (the caller decodes the call again eagerly, or stops the run),
-        except what :func:`must_propagate` names; any other error (sampling, a collective, the model's first eager
-        step) propagates as it is.
-
-        A greedy call with fewer rows than the cache is padded to them (copies of its last row, whose answers are
-        dropped), so it reuses the graph. A sampled call is not: the padding rows would draw from the random
-        generator too and change every later token, so it decodes on the cache's first rows, and a new row count
-        compiles one more graph (training samples a fixed count: TRL yields whole generation batches only)."""
-        return self._generate(model, generate_fn, prefill_cache, index, **inputs)
-
     @contextlib.contextmanager
     def _compiled_path(self):
         """Failures inside the block are the compiled path's: raised as :class:`CompiledDecodeFailed`, unless
@@ -574,7 +553,7 @@ class CompiledDecoder:
                 raise
             raise CompiledDecodeFailed(describe_failure(err, self.stats.guard_mark)) from err
 
-    def _generate(
+    def generate(
         self,
         model,
         generate_fn,
@@ -586,8 +565,17 @@ class CompiledDecoder:
         mm_token_type_ids: torch.Tensor,
         **kwargs: Any,
     ):
-        """:meth:`generate`'s work: ``input_ids``, ``attention_mask`` and ``mm_token_type_ids`` of every row, and
-        ``generate``'s own arguments."""
+        """``generate_fn`` (the model's ``generate``) over the rows, each starting from row ``index[r]`` of
+        ``prefill_cache`` (which holds every prompt but its last token), through the compiled step. A failure of
+        the compiled path's own parts (filling the static cache, tracing, compiling or running the compiled step)
+        is raised as :class:`CompiledDecodeFailed` (the caller decodes the call again eagerly, or stops the run),
+        except what :func:`must_propagate` names; any other error (sampling, a collective, the model's first eager
+        step) propagates as it is.
+
+        A greedy call with fewer rows than the cache is padded to them (copies of its last row, whose answers are
+        dropped), so it reuses the graph. A sampled call is not: the padding rows would draw from the random
+        generator too and change every later token, so it decodes on the cache's first rows, and a new row count
+        compiles one more graph (training samples a fixed count: TRL yields whole generation batches only)."""
         config = kwargs.get("generation_config") or model.generation_config
         new_tokens = kwargs.get("max_new_tokens") or config.max_new_tokens
         if new_tokens is None:
