@@ -106,7 +106,8 @@ def generate(
     path fails at any step (:class:`~video_grpo.decode.CompiledDecodeFailed`: a compile or capture error, a
     recompile storm), a ``decode_compile: true`` decoder stops the run with a clear error; otherwise the decoder
     turns itself off with one warning and the call is made again on the plain path, from the random state the
-    failed call started from. An out-of-memory error, and any error of the prefill, propagate as they are.
+    failed call started from. Every other error (the prefill's, sampling's, an out-of-memory, device or collective
+    error: :func:`~video_grpo.decode.must_propagate`) propagates as it is.
     ``share=False`` prefills every row itself (``shared_prefix: false`` with ``decode_compile`` on: the same forwards
     as plain ``generate``'s prefill, into a cache the decoder copies)."""
     if decoder is None or not decoder.enabled:
