@@ -271,7 +271,11 @@ def check_main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--annotations", help="annotation file (instead of --config)")
     parser.add_argument("--video_root")
-    parser.add_argument("--durations", help="Charades CSV with a 'length' column (for .txt annotations)")
+    parser.add_argument(
+        "--durations",
+        help="CSV with 'id' and 'length' columns: the Charades CSV (for .txt annotations), or one for "
+        "timelens2_93k (else its videos' lengths are read from the videos)",
+    )
     parser.add_argument("--format", dest="dataset_format")
     parser.add_argument("--strict", action="store_true", help="treat policy violations as errors")
     parser.add_argument(
