@@ -13,7 +13,7 @@ import pytest
 from video_grpo.annotations import AnnotationError, detect_format, load_annotations
 from video_grpo.data import check_main
 
-from .conftest import SAMPLES
+from .conftest import REPO, SAMPLES
 
 RAW = SAMPLES / "timelens" / "timelens2-93k_raw_annotations.jsonl"
 VIDEOS = SAMPLES / "videos"
@@ -37,20 +37,50 @@ def test_one_record_per_text_with_every_span_kept():
     # durations read from the videos (frames / fps: 136/4, 116/4, 196/4)
     assert [by_id[i]["duration"] for i in ("train_000_0", "train_001_0", "train_002_0")] == [34.0, 29.0, 49.0]
     assert by_id["train_000_0"]["video"] == str((VIDEOS / "train_000.mp4").resolve())
-    # one span, written either as [[s, e]] or as [s, e], reads as that span
-    assert by_id["train_000_0"]["solution"] == [8.2, 22.7]
-    assert by_id["train_001_0"]["solution"] == [5.3, 19.5]
     # several spans stay a list of spans, as annotated
     multi = by_id["train_000_1"]
     assert multi["solution"] == [[0.0, 8.2], [22.7, 34.0]] == multi["solution_raw"]
     assert multi["sentence"] == "the screen is empty before and after the circle"
+    # so every solution of the file is a list of spans: one span, written [[s, e]] or [s, e], is a list of one
+    assert by_id["train_000_0"]["solution"] == [[8.2, 22.7]]
+    assert by_id["train_001_0"]["solution"] == [[5.3, 19.5]]
     # an end past the video's own length is clamped to it, as in every format
-    assert by_id["train_002_1"]["solution"] == [40.0, 49.0] and by_id["train_002_1"]["solution_raw"] == [
-        40.0,
-        52.0,
-    ]
+    assert by_id["train_002_1"]["solution"] == [[40.0, 49.0]]
+    assert by_id["train_002_1"]["solution_raw"] == [[40.0, 52.0]]
     assert report.records == 5 and report.videos == 3 and report.clamped_spans == ["train_002_1"]
     assert not report.missing_videos and report.can_train
+
+
+def test_a_file_of_one_span_queries_gives_plain_spans(tmp_path):
+    path = tmp_path / "raw.jsonl"
+    path.write_text(
+        '{"video_id": "train_001", "annotations": [{"text": "a", "timestamps": [[5.3, 19.5]]}, '
+        '{"text": "b", "timestamps": [1, 2]}]}\n'
+    )
+    records, _ = load_annotations(path, video_root=VIDEOS)
+    assert [r["solution"] for r in records] == [[5.3, 19.5], [1.0, 2.0]]
+
+
+def test_the_fixture_becomes_a_dataset_the_presets_prompt():
+    """One span and several in one file: the dataset's solution column holds one type (Arrow refuses [s, e] beside
+    [[s, e], ...]), and a row decodes with the TimeLens2 preset's sampling and prompt."""
+    from video_grpo.configs import script_args_from_yaml
+    from video_grpo.data import build_dataset
+    from video_grpo.families import FAMILIES
+    from video_grpo.video import SamplingConfig
+
+    recipe = script_args_from_yaml(str(REPO / "configs" / "grpo" / "timelens2_qwen3_vl_8b.yaml"))
+    dataset = build_dataset(
+        RAW,
+        video_root=VIDEOS,
+        sampling=SamplingConfig.from_args(recipe, FAMILIES["qwen3_vl"]),
+        prompt_template=recipe.prompt_template,
+    )
+    assert dataset.with_format(None)["solution"][:2] == [[[8.2, 22.7]], [[0.0, 8.2], [22.7, 34.0]]]
+    row = dataset[1]
+    text = row["prompt"][0]["content"][1]["text"]
+    assert text.startswith("Query: 'the screen is empty before and after the circle'")
+    assert row["video_frames"].shape[0] == 68  # 34 s at 2 fps
 
 
 def test_durations_come_from_the_csv_when_given(tmp_path):

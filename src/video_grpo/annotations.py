@@ -19,6 +19,9 @@ Formats (``dataset_format``; auto-detected when unset):
   TimeLens2-93K's raw annotations), read by :mod:`video_grpo.timelens_annotations`. TimeLens2-93K has no
   durations: without ``durations_file`` each video's length is read from the video (frames / average fps).
 
+Span shape: ``solution`` is ``[s, e]`` when every query of the file has one span; when any has several (or the
+file is QVHighlights), every query's is a list of spans, ``[[s, e]]`` for one, since a dataset column holds one type.
+
 Policy, counted in :class:`DataReport`: a span with start >= end is skipped; an end past the video's
 duration (by more than 5 ms of float noise) is clamped to it (a start past it makes the span invalid); a missing video is listed. With
 ``strict=True`` each of these raises :class:`AnnotationError` instead.
@@ -296,17 +299,21 @@ def load_annotations(
                 if strict:
                     raise AnnotationError(f"{where}: video {video} does not exist")
                 missing.add(str(video))
-        single = len(raw) == 1 and fmt != "qvhighlights"
         records.append(
             {
                 "id": query_id,
                 "video": str(video),
                 "duration": duration,
-                "solution": spans[0] if single else spans,
-                "solution_raw": raw[0] if single else raw,
+                "solution": spans,
+                "solution_raw": raw,
                 "sentence": str(sentence).strip(),
             }
         )
+    # One shape per file, as a dataset column holds one type: [s, e] when every query has one span, else every
+    # solution a list of spans (QVHighlights always).
+    if fmt != "qvhighlights" and all(len(r["solution_raw"]) == 1 for r in records):
+        for record in records:
+            record["solution"], record["solution_raw"] = record["solution"][0], record["solution_raw"][0]
     report.records, report.videos = len(records), len(seen_videos)
     report.missing_videos = sorted(missing)
     return records, report
