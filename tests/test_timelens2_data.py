@@ -142,3 +142,16 @@ def test_data_check_passes_the_fixture(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["records"] == 5 and report["videos"] == 3 and report["clamped_spans"] == ["train_002_1"]
     assert report["missing_videos"] == report["unreadable_videos"] == []
+
+
+def test_data_check_writes_a_durations_file_the_loader_reads(tmp_path, capsys):
+    """`data check --write_durations` writes each video's length under its video_id; loading with that file gives
+    the durations the videos gave."""
+    csv = tmp_path / "durations.csv"
+    args = ["--annotations", str(RAW), "--video_root", str(VIDEOS), "--json", "--write_durations", str(csv)]
+    assert check_main(args) == 0
+    capsys.readouterr()
+    assert csv.read_text().splitlines() == ["id,length", "train_000,34.0", "train_001,29.0", "train_002,49.0"]
+    probed, _ = load_annotations(RAW, video_root=VIDEOS)
+    from_csv, _ = load_annotations(RAW, video_root=VIDEOS, durations_file=csv)
+    assert from_csv == probed
