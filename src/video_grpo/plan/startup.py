@@ -76,7 +76,7 @@ def fit_run(script_args, training_args, model_args) -> FitResult:
         result = fit_for_device(script_args, training_args, model_args, devices.gpu)
         choice = (result.fits, result.fields)
     except Exception as err:  # noqa: BLE001 (raised below, after the ranks compared their choices)
-        result, choice = err, f"error: {type(err).__name__}"
+        result, choice = err, f"{type(err).__name__}: {err}"
     check_agreement(choice, "auto_fit")  # every rank compares, so none is left waiting in a collective
     if isinstance(result, Exception):
         raise result
