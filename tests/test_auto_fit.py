@@ -88,6 +88,7 @@ def test_auto_fit_applies_in_process_and_keeps_the_generation_batch(tiny_model_d
     assert record["after"]["per_device_train_batch_size"] == 4 and record["usable_gb"] == 0.14
     assert record["planned_peak_gb_before"] > 0.14 >= record["planned_peak_gb_after"]
     assert record["generation_rows_per_process"] == record["rows_per_optimizer_step_per_process"] == 8
+    assert record["ranks"]["processes"] == 1 and record["ranks"]["fitted_for_rank"] == 0  # its own device
     assert "auto_fit: per_device_train_batch_size: 4" in caplog.text and "auto_fit.json: {" in caplog.text
 
 

@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from video_grpo.plan.fitting import alternatives, fitting_combinations
 from video_grpo.plan.recipe import GB, Plan, make_plan
 from video_grpo.plan.workload import Workload, decode_path
+
+if TYPE_CHECKING:
+    from video_grpo.plan.ranks import RankDevices
 
 MATH_PRESERVING = ("checkpointing", "micro-batch", "zero3", "offload", "no-gather")
 IN_PROCESS = ("checkpointing", "micro-batch", "no-gather")
@@ -63,6 +66,7 @@ class FitResult:
     changes: list[str] = field(default_factory=list)  # the planner's words for each change applied
     excluded: list[str] = field(default_factory=list)  # changes not tried here, and why
     elsewhere: list[tuple[str, float, bool]] = field(default_factory=list)  # (change, peak, keeps the math)
+    ranks: RankDevices | None = None  # every rank's device, and the one all fitted for (plan.ranks)
 
     @property
     def fits(self) -> bool:
@@ -83,6 +87,7 @@ class FitResult:
         return {
             "device": self.before.gpu["name"],
             "device_memory_gb": round(self.before.gpu["memory_gb"], 3),
+            "ranks": self.ranks.as_json() if self.ranks else None,
             "usable_gb": round(self.before.usable_bytes / GB, 3),
             "planned_peak_gb_before": round(self.before.memory.peak / GB, 3),
             "planned_peak_gb_after": round(self.after.memory.peak / GB, 3) if self.after else None,
@@ -113,6 +118,7 @@ class FitResult:
         if not self.changes and self.after is not None:
             return (
                 f"auto_fit: the plan fits as it is ({peak:.2f} GB of {usable:.2f} GB usable); nothing changed"
+                + self.ranks_note()
             )
         if self.after is None:
             return self.message()
@@ -121,16 +127,21 @@ class FitResult:
             f"GB ({usable:.2f} GB usable on {self.before.gpu['name']}); the generation batch "
             f"({self.before.work.generation_rows} rows per process) and the optimizer batch "
             f"({self.before.work.micro_batch_rows * self.before.work.gradient_accumulation} rows per process) "
-            "are unchanged"
+            "are unchanged" + self.ranks_note()
         )
+
+    def ranks_note(self) -> str:
+        """How the device was chosen among a launch's ranks (:mod:`video_grpo.plan.ranks`); empty for one."""
+        words = self.ranks.words() if self.ranks else ""
+        return f"; {words}" if words else ""
 
     def message(self) -> str:
         """Why the run stops: no in-process change that keeps the math fits; what would, with its peak."""
         lines = [
             f"auto_fit: no change that keeps the mathematics fits {self.before.gpu['name']} "
             f"({self.before.usable_bytes / GB:.2f} GB usable; planned peak "
-            f"{self.before.memory.peak / GB:.2f} GB in {self.before.memory.peak_phase}). The run stops before "
-            "the model loads."
+            f"{self.before.memory.peak / GB:.2f} GB in {self.before.memory.peak_phase}{self.ranks_note()}). The "
+            "run stops before the model loads."
         ]
         if self.excluded:
             lines.append("not tried: " + "; ".join(self.excluded))
