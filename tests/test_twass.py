@@ -68,6 +68,9 @@ def test_hand_computed_values():
     # two predicted spans against one: W1 = 1/8 + 11/8, L = 2
     assert twass_score([(0, 1), (3, 4)], [(0, 1)]) == pytest.approx(math.exp(-1.5 / 2))
     assert twass_score([(0, 1)], [(0, 1)]) == 1.0
+    # docs/rewards.md's examples
+    assert twass_score([(22, 32)], [(10, 20)]) == pytest.approx(math.exp(-12 / 20))
+    assert twass_score([(40, 50)], [(10, 20)]) == pytest.approx(math.exp(-30 / 20))
     assert twass_score([], [(0, 1)]) == 0.0
 
 
