@@ -45,6 +45,11 @@ def test_json_answers_get_the_same_rewards_as_s_to_e_answers():
         assert func([json_form], solution=[[2, 8]], duration=[10.0]) == func(
             [ours], solution=[[2, 8]], duration=[10.0]
         ), name
+    # a multi-span solution: `iou` scores its one (last) span against the set instead of failing
+    iou = REWARD_FUNCS["iou"](
+        ["<answer>4 to 6</answer>"] * 2, solution=[[[0, 2], [4, 6]], [[4, 6]]], duration=[10.0] * 2
+    )
+    assert iou == [pytest.approx(0.5), 1.0]
     multi = ["<answer>[[0, 2], [5, 6]]</answer>", "<answer>0 to 2; 5 to 6</answer>"]
     scores = REWARD_FUNCS["multi_span_iou"](multi, solution=[[[0, 2], [4, 6]]] * 2, duration=[10.0] * 2)
     assert scores == [pytest.approx(3 / 4)] * 2
