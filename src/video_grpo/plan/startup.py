@@ -10,6 +10,7 @@ import logging
 
 from video_grpo.launch_env import launch_from_environment
 from video_grpo.plan.autofit import FitResult, auto_fit
+from video_grpo.plan.loss_split import LossSettings
 from video_grpo.plan.model import load_model_config, read_model_shape
 from video_grpo.plan.prompt_text import text_around
 from video_grpo.plan.ranks import check_agreement, gather_devices
@@ -98,8 +99,7 @@ def fit_for_device(script_args, training_args, model_args, gpu: dict | None) -> 
             "a smaller micro-batch: the DeepSpeed JSON given with --deepspeed already holds the batch sizes "
             "(launch with an accelerate config instead, or change them in both)"
         )
-    quantile = getattr(training_args, "top_entropy_quantile", 1.0)
-    return auto_fit(plan, training_args.loss_type, quantile, unavailable)
+    return auto_fit(plan, LossSettings.of(training_args), unavailable)
 
 
 def check_plan(script_args, training_args, model_args) -> Plan:
