@@ -88,6 +88,7 @@ def test_auto_fit_applies_in_process_and_keeps_the_generation_batch(tiny_model_d
     assert record["after"]["per_device_train_batch_size"] == 4 and record["usable_gb"] == 0.14
     assert record["planned_peak_gb_before"] > 0.14 >= record["planned_peak_gb_after"]
     assert record["generation_rows_per_process"] == record["rows_per_optimizer_step_per_process"] == 8
+    assert record["ranks"]["processes"] == 1 and record["ranks"]["fitted_for_rank"] == 0  # its own device
     assert "auto_fit: per_device_train_batch_size: 4" in caplog.text and "auto_fit.json: {" in caplog.text
 
 
@@ -186,3 +187,90 @@ def test_layer_by_layer_gathering_says_it_turns_compiled_decoding_off_and_is_nev
     fitted = auto_fit(strict, "grpo")
     assert "ds3_gather_for_generation" not in fitted.fields
     assert any("decode_compile is true" in reason for reason in fitted.excluded), fitted.excluded
+
+
+def test_each_loss_is_offered_a_smaller_micro_batch_where_trls_step_does_not_depend_on_the_split():
+    """The rule, per loss_type and entropy setting (tests/test_auto_fit_math.py measures it against TRL's loss):
+    the reason names what depends on the split, not a blanket one."""
+    from video_grpo.plan.loss_split import TRL_LOSSES, LossSettings, micro_batch_refusal
+
+    offered = [loss for loss in TRL_LOSSES if micro_batch_refusal(loss) is None]
+    assert offered == ["grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+    assert "by that micro-batch's own token count" in micro_batch_refusal("bnpo")
+    assert "none of TRL 1.16's losses" in micro_batch_refusal("reinforce")
+    adaptive = micro_batch_refusal(
+        LossSettings("dapo", use_adaptive_entropy=True)
+    )  # entropy_coef 0: still on
+    assert adaptive.startswith(
+        "the entropy bonus (use_adaptive_entropy: true) is TRL's mean entropy over each"
+    )
+    quantile = micro_batch_refusal(LossSettings("grpo", top_entropy_quantile=0.2))
+    assert quantile.startswith("top_entropy_quantile 0.2 keeps a quantile of each micro-batch's tokens")
+    # from a recipe's values (a mapping) or a GRPOConfig (attributes), TRL's defaults for what is not given
+    assert LossSettings.of({"loss_type": "sapo", "entropy_coef": 0.01}) == LossSettings(
+        "sapo", 1.0, 0.01, False
+    )
+
+
+def budget_at(model_dir, fraction: float, **overrides) -> str:
+    """``fraction`` of demo_tiny's planned peak (with ``overrides``), in GB, as --auto_fit_memory_gb takes it."""
+    plan = tiny_plan(model_dir, 1.0, **overrides)
+    return f"{fraction * plan.memory.peak / GB:.4f}"
+
+
+@pytest.mark.parametrize("loss_type", ["dr_grpo", "sapo"])
+def test_at_094_of_its_plan_dr_grpo_and_sapo_fit_by_a_smaller_micro_batch(
+    tiny_model_dir, tmp_path, loss_type
+):
+    """demo_tiny with checkpointing already on (so the cheaper change is spent): at 0.94 of its plan the fit halves
+    the micro-batch and doubles the accumulation, the optimizer batch (8 rows) and the generation batch kept."""
+    from video_grpo.grpo import apply_auto_fit
+
+    budget = budget_at(tiny_model_dir, 0.94, gradient_checkpointing=True, loss_type=loss_type)
+    flags = ("--gradient_checkpointing", "true", "--loss_type", loss_type)
+    script_args, training_args, model_args = arguments(
+        tiny_model_dir, tmp_path, *flags, "--auto_fit", "true", "--auto_fit_memory_gb", budget
+    )
+    apply_auto_fit(script_args, training_args, model_args)
+    assert (training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps) == (4, 2)
+    assert (training_args.steps_per_generation, training_args.generation_batch_size) == (2, 8)
+    record = json.loads((tmp_path / "auto_fit.json").read_text())
+    assert record["rows_per_optimizer_step_per_process"] == record["generation_rows_per_process"] == 8
+    assert record["fits_after"] and not record["excluded"]
+
+
+def test_with_the_entropy_bonus_no_smaller_micro_batch_is_applied(tiny_model_dir, tmp_path):
+    """entropy_coef 0.01 at the same 0.94: the micro-batch would fit but change the step, so the run stops before
+    the model loads, giving the bonus as the reason and the micro-batch among the changes that do not keep it."""
+    from video_grpo.grpo import apply_auto_fit
+
+    budget = budget_at(tiny_model_dir, 0.94, gradient_checkpointing=True)
+    flags = ("--gradient_checkpointing", "true", "--entropy_coef", "0.01")
+    script_args, training_args, model_args = arguments(
+        tiny_model_dir, tmp_path, *flags, "--auto_fit", "true", "--auto_fit_memory_gb", budget
+    )
+    with pytest.raises(ValueError, match="auto_fit: no change that keeps the mathematics fits") as stopped:
+        apply_auto_fit(script_args, training_args, model_args)
+    message = str(stopped.value)
+    assert (
+        "not tried: a smaller micro-batch: the entropy bonus (entropy_coef 0.01) is TRL's mean entropy"
+        in message
+    )
+    assert "per_device_train_batch_size: 4" in message.split("change the mathematics of a step")[1]
+    assert training_args.per_device_train_batch_size == 8 and not (tmp_path / "auto_fit.json").exists()
+
+
+def test_dr_grpo_trains_on_the_smaller_micro_batch_it_was_fitted_to(tiny_model_dir, tmp_path):
+    """The issue's run, in-process: dr_grpo at 0.94 of its plan trains a step with micro-batch 4 x accumulation 2."""
+    import video_grpo.grpo as entry
+
+    budget = budget_at(tiny_model_dir, 0.94, gradient_checkpointing=True, loss_type="dr_grpo")
+    flags = ("--gradient_checkpointing", "true", "--loss_type", "dr_grpo", "--max_steps", "1")
+    entry.main(
+        *arguments(tiny_model_dir, tmp_path, *flags, "--auto_fit", "true", "--auto_fit_memory_gb", budget)
+    )
+    saved = torch.load(tmp_path / "training_args.bin", weights_only=False)
+    assert (saved.per_device_train_batch_size, saved.gradient_accumulation_steps) == (4, 2)
+    assert saved.generation_batch_size == 8 and saved.loss_type == "dr_grpo"
+    history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
+    assert [entry["step"] for entry in history if "loss" in entry] == [1]

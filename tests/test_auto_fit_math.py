@@ -1,18 +1,26 @@
-"""The changes auto-fit applies keep the mathematics of a step (``video_grpo.plan.autofit``).
+"""The changes auto-fit applies keep the mathematics of a step (``video_grpo.plan.autofit``), and its rule for the
+micro-batch (``video_grpo.plan.loss_split.micro_batch_refusal``) agrees with what TRL's own loss does.
 
 Each case trains the tiny model twice from the same weights on the same sampled answers, fp32 (``bf16=False``),
-through TRL's and our real trainer (generation batch, micro-batching, accumulation, loss, backward), and compares
-the loss and the gradients at every optimizer step. Only the *sampling* is fixed: each run's generation returns the
-same seeded answers of varied lengths (:func:`fixed_sampling`), so both runs score the same rows.
+through TRL's and our real trainer (generation batch, micro-batching, accumulation, ``_compute_loss``, backward),
+and compares the loss and the gradients at every optimizer step. Only the *sampling* is fixed: each run's
+generation returns the same seeded answers of varied lengths (:func:`fixed_sampling`), so both runs score the same
+rows.
 
-- micro-batch B x accumulation A against B/2 x 2A with twice ``steps_per_generation`` (the generation batch kept),
-  for each loss the recipes use (grpo; dapo, TRL's default), with beta 0 and one iteration and with beta 0.04 and
-  two (both values of each; the second has the reference and old-policy passes): equal to fp32 noise. bnpo normalises each micro-batch by its own token count: its gradients differ, which is why auto-fit does
-  not change bnpo's micro-batch (and why this comparison can fail);
+- micro-batch 2 x accumulation 1 x ``steps_per_generation`` 2 against 1 x 2 x 4 (the generation batch of 4 rows and
+  the optimizer batch of 2 kept, as auto-fit's change keeps them; ``steps_per_generation`` != accumulation, so one
+  generation feeds two optimizer steps), ``num_iterations`` 2 (the third step reuses the answers with ratio != 1),
+  for every loss TRL 1.16 accepts, with rewards scaled (and beta 0.04: the reference pass) and unscaled, and with
+  the entropy bonus on; then the adaptive entropy bonus and ``top_entropy_quantile`` < 1. Where
+  ``micro_batch_refusal`` offers the change, the gradients agree to fp32 noise; where it refuses, they differ by
+  far more, so each case checks the rule against the measurement both ways;
 - gradient checkpointing on and off: equal gradients.
 """
 
 from __future__ import annotations
+
+import gc
+import re
 
 import pytest
 import torch
@@ -20,17 +28,19 @@ from transformers import AutoProcessor, TrainerCallback
 from trl import GRPOConfig
 
 from video_grpo.data import build_dataset
-from video_grpo.plan.autofit import MICRO_BATCH_EXACT_LOSSES
+from video_grpo.plan.loss_split import TRL_LOSSES, LossSettings, micro_batch_refusal
 from video_grpo.trainer import VideoGRPOTrainer
 from video_grpo.video import SamplingConfig
 
 from .launch_rewards import length_reward  # differs within a group: nonzero advantages, real gradients
 
 SAMPLING = SamplingConfig(
-    fps=1.0, min_frames=2, max_frames=8, min_pixels=784, max_pixels=56 * 56, max_tokens=64
+    fps=1.0, min_frames=2, max_frames=2, min_pixels=784, max_pixels=56 * 56, max_tokens=64
 )
-G = 4  # one prompt's group per generation batch: the half micro-batch splits it, as G = 8 over 4 rows would
-NOISE = 5e-5  # relative to the largest gradient: fp32 rounding (measured: at most 6.1e-7; bnpo 5.2e-2)
+G = 4  # one prompt's group per generation batch: the micro-batches split it
+# relative to the largest gradient: fp32 rounding (measured over the cases: at most 5.8e-6, sapo)
+NOISE = 5e-5
+CHANGED = 10 * NOISE  # a refused case must differ by more (measured: at least 3.4e-3, the adaptive bonus)
 
 
 @pytest.fixture(scope="module")
@@ -71,26 +81,35 @@ def fixed_sampling(trainer, calls: list[int]):
 
 @pytest.fixture(scope="module")
 def train(tiny_model_dir, dataset, tmp_path_factory):
-    """``train(micro, accumulation, **settings)``: a short fp32 run's (gradients per optimizer step, logged
+    """``train(micro, accumulation, steps_per_generation, **settings)``: a short fp32 run's (gradients per optimizer step, logged
     losses, rows per generation call), each setting run once per module (cases share their reference run)."""
     runs: dict = {}
+    # each run's end (accelerate's free_memory) collects garbage over every object alive: freezing what exists
+    # now (the imported libraries) halves a run's time
+    gc.collect()
+    gc.freeze()
 
-    def run(micro: int, accumulation: int, **settings):
-        key = (micro, accumulation, tuple(sorted(settings.items())))
+    def run(micro: int, accumulation: int, generation_steps: int, **settings):
+        key = (micro, accumulation, generation_steps, tuple(sorted(settings.items())))
         if key not in runs:
             out = tmp_path_factory.mktemp("run")
-            runs[key] = train_once(tiny_model_dir, dataset, out, micro, accumulation, **settings)
+            runs[key] = train_once(
+                tiny_model_dir, dataset, out, micro, accumulation, generation_steps, **settings
+            )
         return runs[key]
 
-    return run
+    yield run
+    gc.unfreeze()
 
 
-def train_once(model_dir, dataset, out, micro: int, accumulation: int, **settings) -> tuple[list, list, list]:
+def train_once(
+    model_dir, dataset, out, micro: int, accumulation: int, generation_steps: int, **settings
+) -> tuple[list, list, list]:
     args = GRPOConfig(
         output_dir=str(out),
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=accumulation,
-        steps_per_generation=accumulation,  # one generation batch of 4 rows in both runs
+        steps_per_generation=generation_steps,
         num_generations=G,
         max_completion_length=8,
         learning_rate=1e-2,
@@ -128,32 +147,95 @@ def largest_difference(a: list[dict], b: list[dict]) -> float:
     return max((x[n] - y[n]).abs().max().item() for x, y in zip(a, b, strict=True) for n in x) / scale
 
 
-@pytest.mark.parametrize("loss_type", MICRO_BATCH_EXACT_LOSSES)
-@pytest.mark.parametrize(("beta", "num_iterations"), [(0.0, 1), (0.04, 2)], ids=["beta0-once", "beta-twice"])
-def test_half_the_micro_batch_twice_the_accumulation_is_the_same_step(train, loss_type, beta, num_iterations):
-    """Both values of beta and of num_iterations: the second case has the reference pass and the old-policy pass
-    (computed at generation in micro-batch chunks), and a second step on the same answers with ratio != 1."""
-    settings = {"loss_type": loss_type, "beta": beta, "num_iterations": num_iterations}
-    settings["max_steps"] = num_iterations  # with 2 iterations the second step reuses the batch
-    whole, whole_loss, whole_calls = train(4, 1, **settings)
-    halved, halved_loss, halved_calls = train(2, 2, **settings)
+def trl_losses() -> set[str]:
+    """The loss types TRL's installed GRPOConfig documents as supported."""
+    help_text = GRPOConfig.__dataclass_fields__["loss_type"].metadata["help"]
+    supported = re.search(r"Supported values are (.*?)\. ", help_text)
+    assert supported, help_text[:200]
+    return set(re.findall(r"'(\w+)'", supported.group(1)))
+
+
+def cases() -> dict[str, dict]:
+    """Every loss with rewards scaled (and the reference pass) and unscaled; the entropy bonus on with each family
+    of normaliser that keeps the step (a row's mean: grpo; the generation batch's tokens: dapo), adaptive (from
+    entropy_coef 0: on all the same) and with a top-entropy quantile. The bonus's coefficient is 1, not a recipe's
+    0.01: the tiny random model's near-uniform answers give the entropy a small gradient (at 0.01 the first step
+    changes by 3.1e-5 of the largest gradient, under NOISE), and at 1 the first step's change (3.1e-3, measured)
+    stands far above fp32 rounding (at most 5.8e-6)."""
+    out = {}
+    for loss in TRL_LOSSES:
+        # luspo's paper setup is sequence-level, and TRL only warns at its default, token: one case each
+        level = "sequence" if loss == "luspo" else "token"
+        out[f"{loss}-scaled"] = {
+            "loss_type": loss,
+            "importance_sampling_level": level,
+            "scale_rewards": "group",
+            "beta": 0.04,
+        }
+        out[f"{loss}-unscaled"] = {"loss_type": loss, "scale_rewards": "none", "beta": 0.0}
+    for loss in ("grpo", "dapo"):
+        out[f"{loss}-entropy"] = {
+            "loss_type": loss,
+            "scale_rewards": "group",
+            "beta": 0.0,
+            "entropy_coef": 1.0,
+        }
+    # the adaptive coefficient applies from the second step: the first has no entropy measured yet
+    adaptive = {
+        "use_adaptive_entropy": True,
+        "entropy_coef": 0.0,
+        "entropy_coef_delta": 1.0,
+        "entropy_target": 1e3,
+    }
+    out["grpo-adaptive-entropy"] = {"loss_type": "grpo", "scale_rewards": "group", "beta": 0.0, **adaptive}
+    out["dapo-top-entropy"] = {
+        "loss_type": "dapo",
+        "scale_rewards": "group",
+        "beta": 0.0,
+        "top_entropy_quantile": 0.5,
+    }
+    return out
+
+
+CASES = cases()
+
+
+def test_the_rule_knows_every_loss_trl_has():
+    assert set(TRL_LOSSES) == trl_losses()
+    assert {case.rsplit("-", 1)[0] for case in CASES if case.endswith("-scaled")} == trl_losses()
+    refused = {case for case, settings in CASES.items() if micro_batch_refusal(LossSettings.of(settings))}
+    assert refused == {
+        "bnpo-scaled",
+        "bnpo-unscaled",
+        "grpo-entropy",
+        "dapo-entropy",
+        "grpo-adaptive-entropy",
+        "dapo-top-entropy",
+    }
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_smaller_micro_batch_keeps_the_step_exactly_where_auto_fit_offers_it(train, case):
+    """Micro-batch 2 x accumulation 1 x steps_per_generation 2 against 1 x 2 x 4, num_iterations 2, three optimizer
+    steps (two on fresh answers, one reusing them): equal to fp32 noise where the rule offers a smaller
+    micro-batch, measurably different where it refuses one."""
+    settings = {**CASES[case], "num_iterations": 2, "max_steps": 3}
+    whole, whole_loss, whole_calls = train(2, 1, 2, **settings)
+    halved, halved_loss, halved_calls = train(1, 2, 4, **settings)
     assert whole_calls == halved_calls == [4], "the generation batch must not shrink with the micro-batch"
-    assert largest_difference(whole, halved) < NOISE
-    assert halved_loss == pytest.approx(whole_loss, rel=1e-5, abs=1e-7)
-
-
-def test_bnpo_weighs_each_micro_batch_by_its_own_tokens(train):
-    """bnpo divides each micro-batch's summed token loss by that micro-batch's token count: with answers of
-    different lengths, another split is another step. auto-fit leaves its micro-batch alone."""
-    assert "bnpo" not in MICRO_BATCH_EXACT_LOSSES
-    whole, _, _ = train(4, 1, loss_type="bnpo", beta=0.0, num_iterations=1, max_steps=1)
-    halved, _, _ = train(2, 2, loss_type="bnpo", beta=0.0, num_iterations=1, max_steps=1)
-    assert largest_difference(whole, halved) > 100 * NOISE
+    assert len(whole) == 3
+    difference = largest_difference(whole, halved)
+    refusal = micro_batch_refusal(LossSettings.of(CASES[case]))
+    if refusal is None:
+        assert difference < NOISE, (case, difference)
+        assert halved_loss == pytest.approx(whole_loss, rel=1e-5, abs=1e-7)
+    else:
+        assert difference > CHANGED, (case, difference, refusal)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(train):
     settings = {"loss_type": "grpo", "beta": 0.04, "num_iterations": 2, "max_steps": 2}
-    plain, plain_loss, _ = train(4, 1, **settings)
-    checkpointed, loss, _ = train(4, 1, gradient_checkpointing=True, **settings)
+    plain, plain_loss, _ = train(4, 1, 1, **settings)
+    checkpointed, loss, _ = train(4, 1, 1, gradient_checkpointing=True, **settings)
     assert largest_difference(plain, checkpointed) < NOISE
     assert loss == pytest.approx(plain_loss, rel=1e-5, abs=1e-7)

@@ -115,10 +115,13 @@ GUIDED = (
     "8",
 )
 
-# The Qwen3-VL ZeRO-3 run fits itself to a budget under its plan (0.191 GB planned; 0.144 GB with the micro-batch
-# halved, 0.158 GB with checkpointing alone): both ranks must choose the same change (a rank that halved its
-# micro-batch alone would make other collective calls and hang).
-AUTO_FIT = ("--auto_fit", "true", "--auto_fit_memory_gb", "0.15")
+# The Qwen3-VL ZeRO-3 run fits itself, each rank to another budget (tests/launch_budgets.py: rank R's
+# auto_fit_memory_gb, as on cards of different memory): 0.3 GB for rank 0, where its plan fits as it is (0.191 GB
+# planned), and 0.15 GB for rank 1, under it (0.144 GB with the micro-batch halved, 0.158 GB with checkpointing
+# alone). Both ranks must apply the one fit for the smallest, rank 1's (a rank that kept its micro-batch would make
+# other collective calls than one that halved it, and hang).
+AUTO_FIT = ("--auto_fit", "true")
+BUDGETS = "0.3,0.15"
 
 
 @pytest.mark.parametrize(
@@ -135,7 +138,8 @@ def test_accelerate_launch_trains_and_saves(family_model, tmp_path, config, stag
     out = tmp_path / "run"
     tiny_model_dir = family_model(family)
     recipe = f"configs/grpo/{'demo_tiny' if family == 'qwen2_5_vl' else 'tiny_' + family}.yaml"
-    result = launch(config, tiny_model_dir, out, *extra, recipe=recipe)
+    entry = ("tests/launch_budgets.py", BUDGETS) if extra == AUTO_FIT else ("-m", "video_grpo.grpo")
+    result = launch(config, tiny_model_dir, out, *extra, recipe=recipe, entry=entry)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-5000:]
     assert f"distributed_type=DEEPSPEED num_processes=2 zero_stage={stage}" in log
@@ -161,6 +165,20 @@ def test_accelerate_launch_trains_and_saves(family_model, tmp_path, config, stag
             record
         )
         assert "auto_fit.json: " in log
+        # one fit for both ranks, rank 1's budget's: each budget alone gives another fit (so the test can fail),
+        # and each rank applied the fit the smaller budget gives alone
+        fits = [__import__("json").loads((out / f"fit.rank{rank}.json").read_text()) for rank in (0, 1)]
+        assert [fit["budget_gb"] for fit in fits] == [0.3, 0.15], fits
+        assert fits[0]["alone"] == {} and fits[1]["alone"] == record["after"], fits
+        assert fits[0]["applied"] == fits[1]["applied"] == {**fits[1]["before"], **fits[1]["alone"]}, fits
+        assert record["device_memory_gb"] == 0.15, record
+        assert record["ranks"] == {
+            "processes": 2,
+            "rule": "every rank fits for the smallest device among the ranks",
+            "fitted_for_rank": 1,
+            "memory_gb_by_rank": [0.3, 0.15],
+        }, record
+        assert "fitted for the smallest device among 2 ranks (rank 1's, 0.15 GB" in log
     elif extra:  # every group had its guided answer: the metric is logged for each step
         history = __import__("json").loads((out / "trainer_state.json").read_text())["log_history"]
         assert len([e for e in history if "guidance/groups_all_sampled_negative" in e]) == 2

@@ -39,6 +39,8 @@ PLAN_LAYERS = (  # the order a plan is made in (docs/internals.md lists them so)
     "compute",
     "recipe",
     "fitting",
+    "loss_split",  # whether TRL's step depends on the micro-batch split (imports no planner module)
+    "ranks",  # the one device every rank fits for (auto-fit reads its result)
     "autofit",  # the changes that keep the mathematics, chosen from fitting's ranking
     "report",
     "cli",

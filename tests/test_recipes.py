@@ -6,6 +6,8 @@ installed did, for the GPU recipes); this runs the entry point's own validation 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -18,7 +20,15 @@ from .conftest import REPO, SAMPLES
 RECIPES = sorted((REPO / "configs" / "grpo").glob("*.yaml"))
 # What points at data or weights that only exist on a training cluster, and the device (use_cpu, as the CPU
 # twins of the accelerate configs differ from theirs); everything else stays as shipped.
-DATA_FIELDS = ("train_file", "eval_file", "video_root", "durations_file", "dataset_format", "frame_cache_dir")
+DATA_FIELDS = (
+    "train_file",
+    "eval_file",
+    "video_root",
+    "durations_file",
+    "dataset_format",
+    "frame_cache_dir",
+    "sample_weight_file",
+)
 
 
 def recipe_family(model_name: str) -> str:
@@ -42,6 +52,11 @@ def test_shipped_recipe_builds_a_trainer(recipe, family_model, tmp_path, caplog)
     }
     if shipped.get("eval_file"):
         swapped["eval_file"] = str(SAMPLES / "test.jsonl")
+    if shipped.get("sample_weight_file"):  # TimeLens2's draw weights: one mean IoU per sample query
+        stats = tmp_path / "per_query.jsonl"
+        ids = [json.loads(line)["id"] for line in (SAMPLES / "train.jsonl").read_text().splitlines() if line]
+        stats.write_text("".join(json.dumps({"id": i, "mean_iou": 0.5}) + "\n" for i in ids))
+        swapped["sample_weight_file"] = str(stats)
     path = tmp_path / recipe.name
     path.write_text(yaml.safe_dump(swapped))
     script_args, training_args, model_args = parse_args(["--config", str(path)])

@@ -9,6 +9,7 @@ a bad recipe fails in a second, not after the model has loaded.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, fields
 
 from video_grpo.rewards import DEFAULT_ANSWER_TEMPLATE
@@ -269,7 +270,33 @@ class GRPOScriptArguments:
             "help": "An answer written from the annotated span: the cold-start SFT target (video_grpo.sft) and, "
             "with gt_guidance, the guided answer. {start} and {end} are seconds, written with "
             "video_grpo.configs.ANSWER_DECIMALS (1) places in both, so the guided answer has the precision "
-            "the cold start teaches the policy; {sentence} is the query."
+            "the cold start teaches the policy; {spans} is every annotated span as [[S, E], ...] (TimeLens2's "
+            "JSON form; needed for multi-span solutions); {sentence} is the query."
+        },
+    )
+
+    sample_weight_mean_power: float = field(
+        default=0.0,
+        metadata={
+            "help": "TimeLens2's draw weights (video_grpo.sample_weights). 0 (default): TRL's shuffled pass over "
+            "the queries. > 0: each generation batch's prompts are drawn, with replacement, with probability "
+            "proportional to (1 - mean reward + 1e-8)^power, the mean reward being the starting model's, per "
+            "query, from sample_weight_file. TimeLens2's released recipe: 2."
+        },
+    )
+    sample_weight_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Per-query JSONL with each training query's id and mean reward (sample_weight_field), "
+            "measured with the starting model: curate's per_query.jsonl (python -m video_grpo.curate). Needed "
+            "when sample_weight_mean_power > 0; every train_file id must be in it."
+        },
+    )
+    sample_weight_field: str = field(
+        default="mean_iou",
+        metadata={
+            "help": "The field of sample_weight_file holding each query's mean reward in [0, 1]: curate's "
+            "mean_iou (mean tIoU over its k sampled answers; TimeLens2 uses the tIoU reward, 'tiou')."
         },
     )
 
@@ -371,6 +398,17 @@ class GRPOScriptArguments:
                 f"unknown shaping {self.advantage_shaping!r}; choose one of "
                 f"{list(SHAPING_METHODS)} ('tempsamp' with gt_guidance: true is TempSamp-R1).",
             )
+        if not (math.isfinite(self.sample_weight_mean_power) and self.sample_weight_mean_power >= 0):
+            fail(
+                "sample_weight_mean_power",
+                f"must be a number >= 0 (0: off; TimeLens2: 2), got {self.sample_weight_mean_power}.",
+            )
+        if self.sample_weight_mean_power > 0 and not self.sample_weight_file:
+            fail(
+                "sample_weight_file",
+                f"not set, but sample_weight_mean_power is {self.sample_weight_mean_power}; point it at the "
+                "per-query mean IoUs of the starting model (curate's per_query.jsonl), or set the power to 0.",
+            )
         if self.train_vision_merger and not self.freeze_vision_tower:
             fail(
                 "train_vision_merger",
@@ -419,7 +457,7 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
         fail("model_name_or_path", "not set; e.g. Qwen/Qwen2.5-VL-7B-Instruct or a local directory.")
     if not script_args.train_file:
         fail("train_file", "not set; point it at the training annotations.")
-    for name in ("train_file", "eval_file", "durations_file"):
+    for name in ("train_file", "eval_file", "durations_file", "sample_weight_file"):
         path = getattr(script_args, name)
         if path and not os.path.isfile(path):
             fail(name, f"{path!r} does not exist.")
@@ -435,6 +473,12 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
         is_charades_txt = script_args.dataset_format == "charades_txt" or str(path).endswith(".txt")
         if path and is_charades_txt and not script_args.durations_file:
             fail("durations_file", f"{name} is a Charades-STA .txt; set durations_file to the Charades CSV.")
+    if script_args.sample_weight_mean_power > 0 and not training_args.shuffle_dataset:
+        fail(
+            "shuffle_dataset",
+            "is false, but sample_weight_mean_power > 0 draws the queries at random by weight; set "
+            "shuffle_dataset: true or sample_weight_mean_power: 0.",
+        )
     strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
     if strategy != "no" and not script_args.eval_file:
         fail("eval_strategy", f"is {strategy!r} but eval_file is not set; set eval_file or use 'no'.")

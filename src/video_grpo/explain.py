@@ -1,4 +1,5 @@
-"""Print worked GRPO examples, computed by :mod:`video_grpo.grpo_math` (the trainer's own formulas).
+"""Print worked GRPO examples, computed by :mod:`video_grpo.grpo_math` and :mod:`video_grpo.sample_weights` (the
+trainer's own formulas).
 
 python -m video_grpo.explain
 """
@@ -19,6 +20,7 @@ from video_grpo.grpo_math import (
     shaped_advantages,
     tempsamp_shape,
 )
+from video_grpo.sample_weights import mean_reward_weights
 
 
 def _fmt(values) -> str:
@@ -137,8 +139,32 @@ def example_d() -> list[str]:
     return lines
 
 
+def _plain(values, places: int = 4) -> str:
+    return "[" + ", ".join(f"{v:.{places}f}" for v in values) + "]"
+
+
+def example_e() -> list[str]:
+    means = [0.05, 0.30, 0.50, 0.85]
+    power = 2
+    weights = [(1 - m + 1e-8) ** power for m in means]
+    p = mean_reward_weights(means, power)
+    n = len(means)
+    return [
+        f"(e) TimeLens2's draw weights, sample_weight_mean_power = {power}: {n} training queries whose starting model's",
+        f"    mean tIoU over its k sampled answers (curate's mean_iou) is {_plain(means, 2)}.",
+        f"    weight = (1 - mean + 1e-8)^{power} = {_plain(weights)}; sum = {sum(weights):.4f}",
+        f"    p = weight / sum = {_plain(p)}   (TRL's shuffled pass: {1 / n:.4f} each)",
+        "    Each generation batch draws its prompts with probability p, with replacement; a drawn prompt keeps its G",
+        "    answers, and its rewards, advantages and loss are computed as before. Over many steps a query's share of",
+        f"    the summed loss (and of the gradient) is p instead of 1/{n}: x N p = {_plain(p * n)}.",
+        f"    The query at mean tIoU {means[0]} is drawn {p[0] / p[-1]:.1f} times as often as the one at {means[-1]}. A group whose",
+        "    rewards are all equal still has zero advantages (no policy-gradient term), however often it is drawn.",
+    ]
+
+
 def explain() -> str:
-    return "\n\n".join("\n".join(block) for block in (example_a(), example_b(), example_c(), example_d()))
+    blocks = (example_a(), example_b(), example_c(), example_d(), example_e())
+    return "\n\n".join("\n".join(block) for block in blocks)
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from video_grpo.families import family_of_model
 from video_grpo.memory_check import install_plan_check, wanted
 from video_grpo.plan.startup import check_plan, decode_cache_tokens, fit_run, log_startup_plan
 from video_grpo.rewards import resolve_reward_funcs
+from video_grpo.sample_weights import draw_weights
 from video_grpo.trainer import VideoGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -144,6 +145,15 @@ def build_trainer(
         model_args.model_name_or_path, model_args.model_revision, training_args.trust_remote_code
     )
     train_dataset, eval_dataset = build_datasets(script_args, family)
+    sample_weights = None
+    # TimeLens2's draw weights, from the starting model's mean IoU per query (video_grpo.sample_weights)
+    if script_args.sample_weight_mean_power > 0:
+        sample_weights = draw_weights(
+            train_dataset.data.column("id").to_pylist(),
+            script_args.sample_weight_file,
+            script_args.sample_weight_field,
+            script_args.sample_weight_mean_power,
+        )
 
     # Model and processor. TRL loads the model from its path with these kwargs (and the reference model, if beta > 0).
     training_args.model_init_kwargs = {
@@ -170,6 +180,7 @@ def build_trainer(
         freeze_vision_tower=script_args.freeze_vision_tower,
         gt_guidance=script_args.gt_guidance,
         advantage_shaping=script_args.advantage_shaping,
+        sample_weights=sample_weights,
         answer_template=script_args.answer_template,
         shared_prefix=script_args.shared_prefix,
         frame_timestamps_in_text=script_args.frame_timestamps_in_text,

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from video_grpo.answers import render_solution
 from video_grpo.configs import ANSWER_DECIMALS
 from video_grpo.grpo_math import TEMPSAMP_TAU, shaped_advantages, tempsamp_shape
-from video_grpo.rewards import render_answer
 
 
 def guided_mask(process_index: int, local_rows: int, group_size: int) -> list[bool]:
@@ -33,8 +33,7 @@ def guided_completion_ids(
     """The guided answer's tokens: the row's annotated span in ``template``, then end-of-turn, as a sampled answer
     would end. The span has ``decimals`` places, by default ``ANSWER_DECIMALS``, the cold start's precision: the
     guided answer is then one the policy could have sampled, not a digit pattern it never writes."""
-    start, end = row["solution"]
-    text = render_answer(template, start, end, row.get("sentence", ""), decimals=decimals)
+    text = render_solution(template, row["solution"], row.get("sentence", ""), decimals=decimals)
     return tokenizer(text, add_special_tokens=False)["input_ids"] + [eos_token_id]
 
 

@@ -5,14 +5,10 @@ where each dataset column (``solution``, ``duration``, ...) arrives as a per-sam
 either strings or conversational ``[{"role": "assistant", "content": ...}]`` lists. They never raise on
 model output and always return one float per completion.
 
-Answer parsing (:func:`parse_span`, shared with evaluation):
-
-- only the *last* ``<answer>...</answer>`` block counts;
-- inside it, the *last* ``S to E`` is read; ``from S to E`` and ``S - E`` read the same;
-- S and E are seconds (``12``, ``12.5``, optionally followed by ``s``/``sec``/``secs``/``seconds``) or clock
-  times ``mm:ss`` / ``hh:mm:ss`` (seconds may have decimals);
-- S > E, negative values, NaN/inf and values above 10^6 s are unparsable and score 0;
-- for rewards the span is then clipped to ``[0, duration]`` when the duration is known.
+Answers are read by :mod:`video_grpo.answers` (shared with evaluation): the last ``<answer>`` block counts, and
+in it ``S to E`` spans or TimeLens2's JSON ``[[S, E], ...]``. S > E, negative values and values above 10^6 s are
+unparsable and score 0. For rewards, predicted spans are then clipped to ``[0, duration]`` when the duration is
+known; true spans are used as given.
 
 Answer-only answers (``iou_answer_only``, TimeLens, arXiv 2512.14698): the completion is one sentence,
 ``The event happens in S - E seconds.``, with no ``<think>`` or ``<answer>`` tags. :func:`parse_answer_only`
@@ -20,10 +16,19 @@ reads the last ``S - E`` (or ``S to E``) anywhere in it; an ``<answer>`` block, 
 wins, exactly as :func:`video_grpo.evaluate.parse_prediction` scores it, so training and evaluation read an
 answer the same way. The reward is that span's IoU alone: TimeLens trains with no format term.
 
-Multi-span answers (``multi_span_iou``): every ``S to E`` in the last answer block, separated by ``;`` or
-``,``, is a predicted span. Predicted and true spans are each merged into a union of intervals, and the
-reward is |pred ∩ true| / |pred ∪ true| measured in seconds. Overlapping predictions therefore cannot
-earn double credit, and one long span covering every true window is penalised by the union.
+Multi-span answers (``multi_span_iou``): every span in the last answer block (``S to E`` separated by ``;`` or
+``,``, or the JSON form) is a predicted span. Predicted and true spans are each merged into a union of
+intervals, and the reward is |pred ∩ true| / |pred ∪ true| measured in seconds. Overlapping predictions
+therefore cannot earn double credit, and one long span covering every true window is penalised by the union.
+
+TimeLens2's rewards (MCG-NJU/TimeLens2; its recipe trains with ``twass1,tiou,parse_penalty``):
+
+- ``twass``: exp(-beta * W1 / L) of every answered span against every true span
+  (:func:`video_grpo.span_sets.twass_score`). Unlike IoU it is above 0 for a miss and falls with the miss's
+  distance, so a group of answers that all miss still gets an ordering. It reads the answer as
+  :func:`video_grpo.answers.parse_answer_spans` does: the last ``<answer>`` block, or the whole completion
+  when it has none (TimeLens2's answers are untagged JSON). 0 when nothing parses.
+- ``parse_penalty``: 0 when that answer parses, -1 when it does not.
 """
 
 from __future__ import annotations
@@ -31,144 +36,39 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import math
 import re
 from collections.abc import Callable
 
-MAX_SECONDS = 1e6
-ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
-
-# Bounded digit runs keep matching linear and reject absurd magnitudes early.
-_TIME = r"(?:\d{1,7}(?::\d{1,2}){0,2}(?:\.\d{1,6})?)"
-_UNIT = r"(?:\s*(?:seconds|second|secs|sec|s)\b)?"
-_SPAN_RE = re.compile(
-    rf"(?<![\d.:\-])({_TIME}){_UNIT}\s*(?:to|-|–)\s*({_TIME}){_UNIT}(?![\d:])", re.IGNORECASE
+from video_grpo.answers import (  # noqa: F401  (re-exported: the rewards' public parsing API)
+    ANSWER_CLOSE,
+    ANSWER_ONLY_TEMPLATE,
+    ANSWER_OPEN,
+    DEFAULT_ANSWER_TEMPLATE,
+    JSON_ANSWER_TEMPLATE,
+    MAX_SECONDS,
+    answer_block,
+    completion_text,
+    parse_answer_only,
+    parse_answer_spans,
+    parse_span,
+    parse_span_in,
+    parse_spans_in,
+    render_answer,
+    render_solution,
+    solution_spans,
 )
+from video_grpo.span_sets import twass_score, union_iou  # noqa: F401  (re-exported)
+
 _FORMAT_RE = re.compile(
     r"\A\s*<think>(?:(?!</?think>|</?answer>).)*</think>\s*<answer>((?:(?!</?think>|</?answer>).)*)</answer>\s*\Z",
     re.DOTALL,
 )
 
 
-# The answer written from an annotated span: the SFT target (video_grpo.sft) and the ground-truth-guided answer of
-# TempSamp-style groups. It passes the strict `format` reward and parse_span reads its span back.
-DEFAULT_ANSWER_TEMPLATE = (
-    "<think>The event is visible from {start} to {end} seconds.</think><answer>{start} to {end}</answer>"
-)
-
-
-# TimeLens's answer sentence (training/data/grounding.py ``_format_response`` in TencentARC/TimeLens writes spans
-# with one decimal, our ANSWER_DECIMALS): the answer-only SFT target, and what the answer-only prompt asks for.
-ANSWER_ONLY_TEMPLATE = "The event happens in {start} - {end} seconds."
-
-
-def render_answer(template: str, start: float, end: float, sentence: str = "", decimals: int = 1) -> str:
-    """``template`` with ``{start}``/``{end}`` (seconds, ``decimals`` places) and ``{sentence}`` filled in.
-
-    The SFT target and gt_guidance's guided answer both use ``configs.ANSWER_DECIMALS`` (1), so a guided answer
-    is written the way the policy writes its own answers."""
-    return template.format(
-        start=f"{float(start):.{decimals}f}", end=f"{float(end):.{decimals}f}", sentence=sentence
-    )
-
-
-def completion_text(completion) -> str:
-    """The text of a string or conversational completion."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion:
-        content = completion[-1].get("content", "") if isinstance(completion[-1], dict) else ""
-        if isinstance(content, list):  # content blocks
-            return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-        return content if isinstance(content, str) else ""
-    return ""
-
-
-def answer_block(text: str) -> str | None:
-    """Contents of the last ``<answer>...</answer>`` block, or None."""
-    end = text.rfind(ANSWER_CLOSE)
-    if end < 0:
-        return None
-    start = text.rfind(ANSWER_OPEN, 0, end)
-    if start < 0:
-        return None
-    return text[start + len(ANSWER_OPEN) : end]
-
-
-def _to_seconds(token: str) -> float | None:
-    parts = token.split(":")
-    try:
-        values = [float(p) for p in parts]
-    except ValueError:
-        return None
-    if len(values) > 1 and any(v >= 60 for v in values[1:]):
-        return None  # 1:75 is not a clock time
-    seconds = 0.0
-    for v in values:
-        seconds = seconds * 60 + v
-    return seconds
-
-
-def parse_span_in(text: str) -> tuple[float, float] | None:
-    """The last well-formed ``S to E`` span anywhere in ``text``."""
-    matches = _SPAN_RE.findall(text)
-    if not matches:
-        return None
-    start, end = (_to_seconds(t) for t in matches[-1])
-    if start is None or end is None:
-        return None
-    if not (math.isfinite(start) and math.isfinite(end)) or start < 0 or end > MAX_SECONDS or start > end:
-        return None
-    return start, end
-
-
-def parse_spans_in(text: str) -> list[tuple[float, float]] | None:
-    """Every ``S to E`` span in ``text``; None if any is invalid or there is none."""
-    spans = []
-    for start_token, end_token in _SPAN_RE.findall(text):
-        start, end = _to_seconds(start_token), _to_seconds(end_token)
-        if start is None or end is None or start < 0 or end > MAX_SECONDS or start > end:
-            return None
-        spans.append((start, end))
-    return spans or None
-
-
-def parse_span(completion) -> tuple[float, float] | None:
-    """The span in the last ``<answer>`` block of a completion, or None when there is none or it is invalid."""
-    block = answer_block(completion_text(completion))
-    return None if block is None else parse_span_in(block)
-
-
-def parse_answer_only(completion) -> tuple[float, float] | None:
-    """The span of an answer-only completion (``The event happens in S - E seconds.``): the last ``<answer>``
-    block's span if there is a block, else the last span anywhere; None when there is none or it is invalid."""
-    text = completion_text(completion)
-    block = answer_block(text)
-    return parse_span_in(block if block is not None else text)
-
-
 def temporal_iou(pred: tuple[float, float], gt: tuple[float, float]) -> float:
     """IoU of two [start, end] spans; 0 when the union is empty."""
     inter = max(0.0, min(pred[1], gt[1]) - max(pred[0], gt[0]))
     union = max(pred[1], gt[1]) - min(pred[0], gt[0])
-    return inter / union if union > 0 else 0.0
-
-
-def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[list[float]] = []
-    for start, end in sorted(spans):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(a, b) for a, b in merged]
-
-
-def union_iou(pred: list[tuple[float, float]], gt: list[tuple[float, float]]) -> float:
-    """IoU of two sets of spans, each taken as the union of its intervals (time measure, in seconds)."""
-    pred, gt = _merge(pred), _merge(gt)
-    inter = sum(max(0.0, min(b, d) - max(a, c)) for a, b in pred for c, d in gt)
-    union = sum(b - a for a, b in pred) + sum(d - c for c, d in gt) - inter
     return inter / union if union > 0 else 0.0
 
 
@@ -187,19 +87,24 @@ def _span_iou_rewards(
     parse: Callable[[object], tuple[float, float] | None], completions: list, solution: list, kwargs: dict
 ) -> list[float]:
     """Temporal IoU of each completion's span, read by ``parse`` and clipped to the video, with ``solution``; 0
-    when ``parse`` finds no span."""
+    when ``parse`` finds no span. A multi-span solution (a list of spans) is scored as a set: the union IoU of
+    the one span with all true spans (TimeLens2's ``tiou`` for a one-span answer)."""
     durations = _column(kwargs, "duration", len(completions))
     rewards = []
     for completion, gt, duration in zip(completions, solution, durations, strict=True):
         span = parse(completion)
-        rewards.append(
-            0.0 if span is None else temporal_iou(_clip(span, duration), (float(gt[0]), float(gt[1])))
-        )
+        if span is None:
+            rewards.append(0.0)
+        elif len(gt) and isinstance(gt[0], list | tuple):
+            rewards.append(union_iou([_clip(span, duration)], solution_spans(gt)))
+        else:
+            rewards.append(temporal_iou(_clip(span, duration), (float(gt[0]), float(gt[1]))))
     return rewards
 
 
 def iou_reward(completions: list, solution: list, **kwargs) -> list[float]:
-    """Temporal IoU of the answered span (clipped to the video) with ``solution``; 0 if unparsable."""
+    """Temporal IoU of the answered span (the last; clipped to the video) with ``solution`` (one span, or a
+    list scored as a set); 0 if unparsable."""
     return _span_iou_rewards(parse_span, completions, solution, kwargs)
 
 
@@ -240,13 +145,29 @@ def multi_span_iou_reward(completions: list, solution: list, **kwargs) -> list[f
         if not spans:
             rewards.append(0.0)
             continue
-        truth = (
-            [tuple(map(float, gt))]
-            if not isinstance(gt[0], list | tuple)
-            else [tuple(map(float, w)) for w in gt]
-        )
-        rewards.append(union_iou([_clip(sp, duration) for sp in spans], truth))
+        rewards.append(union_iou([_clip(sp, duration) for sp in spans], solution_spans(gt)))
     return rewards
+
+
+def twass_reward(completions: list, solution: list, beta: float = 1.0, **kwargs) -> list[float]:
+    """TimeLens2's temporal Wasserstein reward exp(-beta * W1 / L) of every answered span (clipped to the video)
+    against ``solution`` (one span or a list); 0 when the answer does not parse. ``beta``: TimeLens2's released
+    recipe uses 1 (``twass1``); set it with ``reward_kwargs: {twass: {beta: 1.0}}``."""
+    durations = _column(kwargs, "duration", len(completions))
+    rewards = []
+    for completion, gt, duration in zip(completions, solution, durations, strict=True):
+        spans = parse_answer_spans(completion)
+        rewards.append(
+            0.0
+            if spans is None
+            else twass_score([_clip(sp, duration) for sp in spans], solution_spans(gt), beta=beta)
+        )
+    return rewards
+
+
+def parse_penalty_reward(completions: list, **kwargs) -> list[float]:
+    """0 when the answer parses (:func:`video_grpo.answers.parse_answer_spans`), -1 when it does not."""
+    return [0.0 if parse_answer_spans(completion) is not None else -1.0 for completion in completions]
 
 
 def length_penalty_reward(completions: list, max_think_words: int = 256, **kwargs) -> list[float]:
@@ -297,6 +218,8 @@ REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
     "iou_dist": iou_dist_reward,
     "multi_span_iou": multi_span_iou_reward,
     "length_penalty": length_penalty_reward,
+    "twass": twass_reward,
+    "parse_penalty": parse_penalty_reward,
 }
 
 

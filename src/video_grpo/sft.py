@@ -19,12 +19,12 @@ import torch
 from transformers import AutoProcessor, set_seed
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
+from video_grpo.answers import render_solution
 from video_grpo.configs import ANSWER_DECIMALS, GRPOScriptArguments
 from video_grpo.data import build_datasets
 from video_grpo.distributed import end_run, exit_process
 from video_grpo.families import ModelFamily, family_of_model
 from video_grpo.processing import KeepVideoDtype, encode_rows, video_token_types
-from video_grpo.rewards import render_answer
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +56,7 @@ class VideoSFTCollator:
         self.video_token_id = tokenizer.convert_tokens_to_ids("<|video_pad|>")
 
     def answer(self, row: dict) -> str:
-        start, end = row["solution"]
-        return render_answer(self.answer_template, start, end, row["sentence"], decimals=self.decimals)
+        return render_solution(self.answer_template, row["solution"], row["sentence"], decimals=self.decimals)
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         encoded = encode_rows(self.processor, rows, self.family)

@@ -54,6 +54,7 @@ from video_grpo.processing import (
     vision_placeholder_ids,
 )
 from video_grpo.rewards import DEFAULT_ANSWER_TEMPLATE
+from video_grpo.sample_weights import WeightedRepeatSampler, relative_weights
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         decode_compile_backend: str = "inductor",
         decode_cuda_graphs: bool = False,
         decode_cache_tokens: int | None = None,
+        sample_weights: torch.Tensor | None = None,
         **kwargs,
     ) -> None:
         """
@@ -146,8 +148,15 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             it as a CUDA graph where that is safe (the cache then stays allocated). decode_cache_tokens: the
             static cache's length, the longest prompt the recipe allows + max_completion_length (None: from the
             first generation call).
+        sample_weights: each training row's draw probability (TimeLens2's, ``video_grpo.sample_weights``); the
+            prompts are then drawn by weight, with replacement. None: TRL's shuffled pass.
         """
         super().__init__(*args, **kwargs)
+        if sample_weights is not None and len(sample_weights) != len(self.train_dataset):
+            raise ValueError(
+                f"sample_weights: {len(sample_weights)} weights for {len(self.train_dataset)} training rows"
+            )
+        self.sample_weights = sample_weights
         # TRL switches checkpointing off and on around generation; each switch-on adds an input-gradient hook
         keep_one_input_grad_hook(self.model)
         self.gt_guidance = gt_guidance
@@ -379,6 +388,11 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         if self.video_encoder is not None:
             self.video_encoder.reset()  # a frozen tower's cached features live for one generation batch
         self._account_bad_samples(inputs)
+        # With draw weights, log N p(q) averaged over the drawn prompts (1 for a uniform draw)
+        if self.sample_weights is not None and self.model.training:
+            rows = relative_weights(self.sample_weights, [x.get("row_index", -1) for x in inputs])
+            drawn = self.accelerator.gather(rows.to(self.accelerator.device))
+            self._metrics["train"]["sample_weight/relative_weight"].append(torch.nanmean(drawn).item())
         self._video_rows = encode_rows(self.processing_class, inputs, self.family, self.chat_template_kwargs)
         reshape = self.model.training and (self.gt_guidance or self.advantage_shaping != "none")
         if self.gt_guidance and self.model.training:
@@ -399,6 +413,18 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             self._guided = {}
         output.update({key: rows[key] for key in video_row_keys(self.family)})
         return output
+
+    # Why: with TimeLens2's draw weights, prompts are drawn by weight (video_grpo.sample_weights), in TRL's layout.
+    def _get_train_sampler(self, dataset=None):
+        if self.sample_weights is None:
+            return super()._get_train_sampler(dataset)
+        return WeightedRepeatSampler(
+            self.sample_weights,
+            mini_repeat_count=self.num_generations,
+            batch_size=self.args.generation_batch_size // self.num_generations,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            seed=self.args.seed,
+        )
 
     # Why: each prompt is prefilled once for its G answers (video_grpo.prefill); with gt_guidance, the last
     # answer of each group is the annotated span, not a sample.

@@ -12,6 +12,8 @@ Modules, in the order a plan is made (each imports only those above it):
 - :mod:`~video_grpo.plan.compute`: FLOPs per phase, the GPU table, seconds per phase;
 - :mod:`~video_grpo.plan.recipe`: a recipe's :class:`Plan` and its verdict;
 - :mod:`~video_grpo.plan.fitting`: the changes that would make it fit;
+- :mod:`~video_grpo.plan.ranks`: the one device every rank of a launch fits for, the smallest among them;
+- :mod:`~video_grpo.plan.loss_split`: whether TRL's step depends on how the rows are split into micro-batches;
 - :mod:`~video_grpo.plan.autofit`: the cheapest of them that keep the mathematics, which a run applies itself
   (``auto_fit: true``);
 - :mod:`~video_grpo.plan.report`, :mod:`~video_grpo.plan.cli`: the printed report and the command;

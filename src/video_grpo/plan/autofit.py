@@ -5,9 +5,9 @@ was, to floating-point rounding:
 
 - ``micro-batch``: half the micro-batch, twice the accumulation and twice ``steps_per_generation``, so the
   generation batch and the optimizer batch stay as they were (TRL would otherwise derive a smaller generation batch
-  from the smaller micro-batch). Exact only for losses normalised over the step rather than over each micro-batch:
-  :data:`MICRO_BATCH_EXACT_LOSSES` (``bnpo`` divides each micro-batch by its own token count, so another split
-  weighs the tokens differently);
+  from the smaller micro-batch). Exact only where TRL's step does not depend on the split
+  (:func:`~video_grpo.plan.loss_split.micro_batch_refusal`): every loss but ``bnpo``, with neither the entropy bonus
+  nor ``top_entropy_quantile < 1``, which are computed over each micro-batch's own tokens;
 - ``checkpointing``: activations recomputed in backward;
 - ``offload``: the optimizer's states and the parameters in CPU RAM (DeepSpeed ZeRO-3, ``zero3_offload.yaml``);
 - ``no-gather``: under ZeRO-3, generation gathers one layer at a time (``ds3_gather_for_generation: false``).
@@ -27,19 +27,19 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from video_grpo.plan.fitting import alternatives, fitting_combinations
+from video_grpo.plan.loss_split import LossSettings, micro_batch_refusal
 from video_grpo.plan.recipe import GB, Plan, make_plan
 from video_grpo.plan.workload import Workload, decode_path
+
+if TYPE_CHECKING:
+    from video_grpo.plan.ranks import RankDevices
 
 MATH_PRESERVING = ("checkpointing", "micro-batch", "zero3", "offload", "no-gather")
 IN_PROCESS = ("checkpointing", "micro-batch", "no-gather")
 AT_LAUNCH = ("zero3", "offload")
-# TRL 1.16 losses whose step does not depend on how the rows are split in micro-batches: grpo averages each
-# answer's tokens and divides by rows x accumulation; dapo divides by the generation batch's token count
-# (tests/test_auto_fit.py checks both, and that bnpo differs)
-MICRO_BATCH_EXACT_LOSSES = ("grpo", "dapo")
 MAX_HALVINGS = 6
 
 
@@ -63,6 +63,7 @@ class FitResult:
     changes: list[str] = field(default_factory=list)  # the planner's words for each change applied
     excluded: list[str] = field(default_factory=list)  # changes not tried here, and why
     elsewhere: list[tuple[str, float, bool]] = field(default_factory=list)  # (change, peak, keeps the math)
+    ranks: RankDevices | None = None  # every rank's device, and the one all fitted for (plan.ranks)
 
     @property
     def fits(self) -> bool:
@@ -83,6 +84,7 @@ class FitResult:
         return {
             "device": self.before.gpu["name"],
             "device_memory_gb": round(self.before.gpu["memory_gb"], 3),
+            "ranks": self.ranks.as_json() if self.ranks else None,
             "usable_gb": round(self.before.usable_bytes / GB, 3),
             "planned_peak_gb_before": round(self.before.memory.peak / GB, 3),
             "planned_peak_gb_after": round(self.after.memory.peak / GB, 3) if self.after else None,
@@ -113,6 +115,7 @@ class FitResult:
         if not self.changes and self.after is not None:
             return (
                 f"auto_fit: the plan fits as it is ({peak:.2f} GB of {usable:.2f} GB usable); nothing changed"
+                + self.ranks_note()
             )
         if self.after is None:
             return self.message()
@@ -121,16 +124,21 @@ class FitResult:
             f"GB ({usable:.2f} GB usable on {self.before.gpu['name']}); the generation batch "
             f"({self.before.work.generation_rows} rows per process) and the optimizer batch "
             f"({self.before.work.micro_batch_rows * self.before.work.gradient_accumulation} rows per process) "
-            "are unchanged"
+            "are unchanged" + self.ranks_note()
         )
+
+    def ranks_note(self) -> str:
+        """How the device was chosen among a launch's ranks (:mod:`video_grpo.plan.ranks`); empty for one."""
+        words = self.ranks.words() if self.ranks else ""
+        return f"; {words}" if words else ""
 
     def message(self) -> str:
         """Why the run stops: no in-process change that keeps the math fits; what would, with its peak."""
         lines = [
             f"auto_fit: no change that keeps the mathematics fits {self.before.gpu['name']} "
             f"({self.before.usable_bytes / GB:.2f} GB usable; planned peak "
-            f"{self.before.memory.peak / GB:.2f} GB in {self.before.memory.peak_phase}). The run stops before "
-            "the model loads."
+            f"{self.before.memory.peak / GB:.2f} GB in {self.before.memory.peak_phase}{self.ranks_note()}). The "
+            "run stops before the model loads."
         ]
         if self.excluded:
             lines.append("not tried: " + "; ".join(self.excluded))
@@ -163,37 +171,31 @@ def apply_kinds(work: Workload, kinds: list[str]) -> tuple[Workload, list[str]] 
     return work, names
 
 
-def excluded_kinds(work: Workload, loss_type: str, top_entropy_quantile: float = 1.0) -> dict[str, str]:
-    """In-process kinds that would change the mathematics of this run, with the reason."""
+def excluded_kinds(work: Workload, loss: LossSettings | str) -> dict[str, str]:
+    """In-process kinds that would change the mathematics of this run, with the reason. ``loss``: the run's loss
+    settings (:class:`~video_grpo.plan.loss_split.LossSettings`), or its ``loss_type`` alone with TRL's defaults."""
     reasons = {}
     if work.decode_compile == "true":
         reasons["no-gather"] = (
             "layer-by-layer gathering (ds3_gather_for_generation: false): decode_compile is true, and a compiled "
             "decode step needs the whole policy on each rank (decode_compile: auto allows it and decodes eagerly)"
         )
-    if loss_type not in MICRO_BATCH_EXACT_LOSSES:
-        reasons["micro-batch"] = (
-            f"a smaller micro-batch: loss_type {loss_type!r} normalises each micro-batch by itself, so another "
-            f"split changes the step (exact for {', '.join(MICRO_BATCH_EXACT_LOSSES)})"
-        )
-    elif top_entropy_quantile < 1.0:
-        reasons["micro-batch"] = (
-            "a smaller micro-batch: top_entropy_quantile < 1 keeps a quantile of each micro-batch's tokens"
-        )
+    refusal = micro_batch_refusal(loss)
+    if refusal is not None:
+        reasons["micro-batch"] = f"a smaller micro-batch: {refusal}"
     return reasons
 
 
-def auto_fit(
-    plan: Plan, loss_type: str, top_entropy_quantile: float = 1.0, unavailable: dict[str, str] | None = None
-) -> FitResult:
+def auto_fit(plan: Plan, loss: LossSettings | str, unavailable: dict[str, str] | None = None) -> FitResult:
     """The cheapest in-process combination of math-preserving changes that makes ``plan`` fit its device
     (``plan.gpu``, which must be set). When none does, the result lists the planner's other changes that fit.
-    ``unavailable``: kinds the caller cannot apply, with the reason."""
+    ``loss``: the run's loss settings (:meth:`LossSettings.of` its ``GRPOConfig`` or recipe), or a ``loss_type``
+    alone. ``unavailable``: kinds the caller cannot apply, with the reason."""
     if plan.gpu is None:
         raise ValueError("auto_fit needs a device to fit: a GPU, or auto_fit_memory_gb")
     if plan.fits:
         return FitResult(plan, plan)
-    reasons = {**excluded_kinds(plan.work, loss_type, top_entropy_quantile), **(unavailable or {})}
+    reasons = {**excluded_kinds(plan.work, loss), **(unavailable or {})}
     offered = [kind for kind, _, _ in alternatives(plan.work)]
     rank = {kind: index for index, kind in enumerate(offered)}
     once = [kind for kind in IN_PROCESS if kind in rank and kind != "micro-batch" and kind not in reasons]

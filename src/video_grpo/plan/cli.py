@@ -27,6 +27,7 @@ import sys
 from video_grpo.plan.autofit import auto_fit
 from video_grpo.plan.compute import GPUS
 from video_grpo.plan.fitting import suggestions
+from video_grpo.plan.loss_split import LossSettings
 from video_grpo.plan.recipe import GB, Plan, plan_recipe
 from video_grpo.plan.report import report
 from video_grpo.plan.workload import recipe_values
@@ -83,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if plan.gpu is None:
             print("error: --auto_fit needs a device: --gpu or --gpu_memory_gb", file=sys.stderr)
             return 2
-        values = recipe_values(args.config)
-        fitted = auto_fit(plan, values["loss_type"], values.get("top_entropy_quantile", 1.0))
+        fitted = auto_fit(plan, LossSettings.of(recipe_values(args.config)))
         print(json.dumps(fitted.as_json()) if args.json else fitted.summary())
         return 0
     if args.json:

@@ -10,8 +10,10 @@ import logging
 
 from video_grpo.launch_env import launch_from_environment
 from video_grpo.plan.autofit import FitResult, auto_fit
+from video_grpo.plan.loss_split import LossSettings
 from video_grpo.plan.model import load_model_config, read_model_shape
 from video_grpo.plan.prompt_text import text_around
+from video_grpo.plan.ranks import check_agreement, gather_devices
 from video_grpo.plan.recipe import GB, Plan, make_plan, resolve_gpu
 from video_grpo.plan.workload import decode_cache_positions, workload_from_recipe, worst_case_video
 
@@ -66,9 +68,25 @@ def startup_plan(script_args, training_args, model_args, gpu: dict | None = None
 
 
 def fit_run(script_args, training_args, model_args) -> FitResult:
-    """Auto-fit (:func:`video_grpo.plan.autofit.auto_fit`) of the run being started, against its device
-    (``auto_fit_memory_gb``, else this process's GPU). A CPU run needs ``auto_fit_memory_gb``."""
-    gpu = run_device(training_args, script_args.auto_fit_memory_gb)
+    """Auto-fit (:func:`video_grpo.plan.autofit.auto_fit`) of the run being started, one fit for every rank: each
+    rank's device (``auto_fit_memory_gb``, else its GPU) is gathered and all fit for the smallest
+    (:mod:`video_grpo.plan.ranks`). A collective: every rank of a launch calls it. A CPU run needs
+    ``auto_fit_memory_gb``."""
+    devices = gather_devices(run_device(training_args, script_args.auto_fit_memory_gb))
+    try:
+        result = fit_for_device(script_args, training_args, model_args, devices.gpu)
+        choice = (result.fits, result.fields)
+    except Exception as err:  # noqa: BLE001 (raised below, after the ranks compared their choices)
+        result, choice = err, f"{type(err).__name__}: {err}"
+    check_agreement(choice, "auto_fit")  # every rank compares, so none is left waiting in a collective
+    if isinstance(result, Exception):
+        raise result
+    result.ranks = devices
+    return result
+
+
+def fit_for_device(script_args, training_args, model_args, gpu: dict | None) -> FitResult:
+    """Auto-fit of the run being started for ``gpu`` (:func:`run_device`), on this process alone."""
     if gpu is None:
         raise ValueError(
             "auto_fit_memory_gb: not set, and this run has no CUDA device to read its memory from; give the "
@@ -81,8 +99,7 @@ def fit_run(script_args, training_args, model_args) -> FitResult:
             "a smaller micro-batch: the DeepSpeed JSON given with --deepspeed already holds the batch sizes "
             "(launch with an accelerate config instead, or change them in both)"
         )
-    quantile = getattr(training_args, "top_entropy_quantile", 1.0)
-    return auto_fit(plan, training_args.loss_type, quantile, unavailable)
+    return auto_fit(plan, LossSettings.of(training_args), unavailable)
 
 
 def check_plan(script_args, training_args, model_args) -> Plan:
