@@ -31,6 +31,8 @@ GRPO = {
     "seed": 42,  # SEED
     "reward_funcs": ["twass", "iou", "parse_penalty"],  # REWARD_FUNCS=twass1,tiou,parse_penalty
     "reward_kwargs": {"twass": {"beta": 1.0}},  # twass1
+    "sample_weight_mean_power": 2,  # SAMPLE_WEIGHT_MEAN_POWER
+    "sample_weight_field": "mean_iou",  # SAMPLE_WEIGHT_MEAN_SPEC=tiou: curate's mean tIoU
 }
 PROCESSES = re.compile(r"^num_processes: (\d+)", re.M)
 
@@ -56,6 +58,9 @@ def test_grpo_presets_carry_the_published_values(size):
         and "{sentence}" in recipe["prompt_template"]
     )
     assert recipe["answer_template"] == "{spans}"
+    # every TimeLens2-93K query trains, drawn by the weights stage 2 (curate) measured
+    assert recipe["train_file"].endswith("TimeLens2-93K_raw_annotations.jsonl")
+    assert recipe["sample_weight_file"] == f"outputs/curate/timelens2_{size}/per_query.jsonl"
     args = script_args_from_yaml(str(REPO / "configs" / "grpo" / f"timelens2_qwen3_vl_{size}.yaml"))
     check_video_budget(args, FAMILIES["qwen3_vl"])
 
