@@ -122,7 +122,7 @@ class Probe:
 
 
 @pytest.mark.parametrize("family", sorted(RECIPES))
-def test_a_tiny_run_checks_its_plan(family_model, family, tmp_path, caplog, monkeypatch):
+def test_a_tiny_run_checks_its_plan(family_model, family, tmp_path, caplog, monkeypatch, checkpointed_calls):
     """The run's record against the test's own census of the same phases of the same step: the plan check must
     have measured what is alive, where the test sees it."""
     import video_grpo.grpo as entry
@@ -152,6 +152,8 @@ def test_a_tiny_run_checks_its_plan(family_model, family, tmp_path, caplog, monk
     )
     with caplog.at_level(logging.WARNING):
         entry.main(*args)
+    # the recipes leave checkpointing off: the control of tests/test_auto_fit.py's count of checkpointed segments
+    assert checkpointed_calls == []
     check = json.loads((tmp_path / "plan_check.json").read_text())
     assert check["step"] == 2 and check["device"].startswith("live tensor bytes")
     assert set(check["phases"]) == set(PHASES) and check["dropped"] == {} and not check["deepspeed"]
