@@ -247,7 +247,8 @@ class PlanCheck(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         self.restore()
         if self.active and not self.done:
-            self.meter.close()
+            with contextlib.suppress(Exception):  # a reader that fails here has nothing left to report
+                self.meter.close()
             self.active = False
             logger.warning(
                 "plan check: training ended before a whole step after the first optimizer step was measured "
@@ -255,10 +256,10 @@ class PlanCheck(TrainerCallback):
             )
 
     def finish(self) -> None:
-        self.meter.close()
         self.active, self.done = False, True
         self.restore()
         try:
+            self.meter.close()
             record = self.record()
             os.makedirs(self.output_dir, exist_ok=True)
             with open(os.path.join(self.output_dir, "plan_check.json"), "w") as f:
