@@ -5,6 +5,8 @@ tests/test_plan.py, in the process that plans every shipped recipe."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from video_grpo.plan import cli, docs
@@ -27,18 +29,23 @@ old example
 """
 
 
+def outside_blocks(text: str) -> str:
+    """``text`` with every block emptied: what a rewrite must leave as it was."""
+    return re.sub(r"(?ms)^(<!-- plan:\w+ begin -->\n).*?^(<!-- plan:\w+ end -->)$", r"\1\2", text)
+
+
 def test_a_block_is_replaced_between_its_markers_only():
     new = replace_blocks(PAGE, {"table": "| new | table |\n|---|---|", "example": "new example\n"})
-    assert read_block(new, "table") == "| new | table |\n|---|---|\n"
-    assert read_block(new, "example") == "new example\n"
-    assert (
-        new.replace("| new | table |\n|---|---|\n", "| old | table |\n").replace("new ex", "old ex") == PAGE
-    )
+    assert read_block(new, "table") == "\n| new | table |\n|---|---|\n\n"  # a blank line on each side
+    assert read_block(new, "example") == "\nnew example\n\n"
+    assert outside_blocks(new) == outside_blocks(PAGE)  # the inline quote of a marker is prose, left alone
+    assert "`<!-- plan:table begin -->` quoted inline" in new
     assert replace_blocks(new, {"table": "| new | table |\n|---|---|"}) == new  # rewriting is idempotent
 
 
 def test_a_differing_block_gives_a_diff_and_an_equal_one_none():
-    diffs = block_diffs(PAGE, {"table": "| old | table |", "example": "new example"}, "page.md")
+    page = replace_blocks(PAGE, {"table": "| old | table |", "example": "old example"})
+    diffs = block_diffs(page, {"table": "| old | table |", "example": "new example"}, "page.md")
     assert len(diffs) == 1
     assert "page.md (plan:example, committed)" in diffs[0]
     assert "-old example" in diffs[0] and "+new example" in diffs[0]
@@ -76,7 +83,7 @@ def test_the_command_writes_and_checks_the_pages(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr()
     assert "+| new | table |" in out.out and "--markdown --write" in out.err
     assert cli.main(["--markdown", "--write"]) == 0
-    assert read_block((tmp_path / "page.md").read_text(), "table") == "| new | table |\n"
+    assert read_block((tmp_path / "page.md").read_text(), "table") == "\n| new | table |\n\n"
     assert cli.main(["--markdown", "--check"]) == 0
     assert "all 2 blocks are what the planner gives" in capsys.readouterr().out
     with pytest.raises(SystemExit):

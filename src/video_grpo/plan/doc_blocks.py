@@ -38,17 +38,23 @@ def _block_span(text: str, name: str, page: str) -> tuple[int, int]:
     return starts[0].end(), stop.start()
 
 
+def stored(content: str) -> str:
+    """How a block's content sits between its marker lines: a blank line on each side, so that Markdown ends a
+    table or a paragraph before the end marker (GitHub would otherwise read a line after a table as a row)."""
+    return "\n" + content.strip("\n") + "\n\n"
+
+
 def read_block(text: str, name: str, page: str = "the page") -> str:
-    """The content of block ``name`` (without its marker lines)."""
+    """The content of block ``name`` as stored (between its marker lines)."""
     start, stop = _block_span(text, name, page)
     return text[start:stop]
 
 
 def replace_blocks(text: str, blocks: dict[str, str], page: str = "the page") -> str:
-    """``text`` with each named block's content replaced by ``blocks[name]`` (a trailing newline is added)."""
+    """``text`` with each named block's content replaced by ``blocks[name]``."""
     for name, content in blocks.items():
         start, stop = _block_span(text, name, page)
-        text = text[:start] + content.rstrip("\n") + "\n" + text[stop:]
+        text = text[:start] + stored(content) + text[stop:]
     return text
 
 
@@ -57,7 +63,7 @@ def block_diffs(text: str, blocks: dict[str, str], page: str = "the page") -> li
     diffs = []
     for name, content in blocks.items():
         committed = read_block(text, name, page)
-        generated = content.rstrip("\n") + "\n"
+        generated = stored(content)
         if committed != generated:
             diff = difflib.unified_diff(
                 committed.splitlines(keepends=True),
