@@ -52,6 +52,26 @@ def family_model(tmp_path_factory):
     return get
 
 
+@pytest.fixture
+def checkpointed_calls(monkeypatch) -> list[str]:
+    """The segments gradient checkpointing ran in this test, one entry (the function's name) per
+    ``torch.utils.checkpoint.checkpoint`` call: transformers binds its checkpointing function to the one it imported
+    when a model turns checkpointing on, so both names are wrapped before the model loads."""
+    import torch.utils.checkpoint
+    import transformers.modeling_utils
+
+    calls: list[str] = []
+    original = torch.utils.checkpoint.checkpoint
+
+    def counted(function, *args, **kwargs):
+        calls.append(getattr(function, "__name__", type(function).__name__))
+        return original(function, *args, **kwargs)
+
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", counted)
+    monkeypatch.setattr(transformers.modeling_utils, "checkpoint", counted)
+    return calls
+
+
 @pytest.fixture(autouse=True)
 def transformers_left_as_found():
     """Fail a test that leaves transformers' loading patches in place. ``from_pretrained`` swaps

@@ -1,7 +1,8 @@
 """Every shipped recipe planned as the planner's tests check it, in one call: what ``--json`` prints on the launch
-its header names, the GPUs it fits, its peak with ``shared_prefix`` and encode-once off, and the line saying which
-model config was used. tests/test_plan.py runs it once in a fresh process (as a user runs the planner), with the
-report of the command the docs show, and once in-process after training steps, and compares the two to the byte.
+its header names, the GPUs it fits, and the line saying which model config was used. tests/test_plan.py runs it once
+in a fresh process (as a user runs the planner), with the report of the command the docs show and the docs' blocks
+that ``python -m video_grpo.plan --markdown`` writes (made from the same plans, so planning them is not done twice),
+and once in-process after training steps, and compares the two to the byte.
 
     python tests/plan_all.py '{"qwen3_5": "/tmp/tiny-qwen3_5", ...}'   # prints one JSON line
 """
@@ -10,15 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import sys
 from pathlib import Path
 
 import yaml
 
+from video_grpo.plan.doc_tables import DocPlans
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "configs" / "grpo").glob("*.yaml"))
-HEADER = re.compile(r"^# Plan: fits (?P<gpus>[\w, -]+) with (?P<launch>configs/accelerate/\S+\.yaml)", re.M)
 FAMILIES = ("qwen3_5", "qwen3_vl", "qwen2_5_vl")
 
 
@@ -43,14 +44,15 @@ DOCUMENTED = [  # the command docs/planning.md shows first (no --model_config: t
 ]
 
 
-def plan_all(tiny: dict[str, str], both_off: bool = True) -> dict[str, dict]:
+def plan_all(tiny: dict[str, str], plans: DocPlans | None = None) -> dict[str, dict]:
     """recipe stem -> what the tests check of its plan. ``tiny``: family -> a tiny model folder of that family,
-    for the CPU recipes (planned on one CPU process of 24 GB). ``both_off``: also the GPU recipes' peak with
-    ``shared_prefix`` and encode-once off (the docs' fit tables)."""
-    from video_grpo.plan import GB, make_plan, plan_recipe, resolve_gpu
+    for the CPU recipes (planned on one CPU process of 24 GB). ``plans``: where the GPU recipes' plans are made and
+    kept (for the docs' blocks)."""
+    from video_grpo.plan import plan_recipe, resolve_gpu
     from video_grpo.plan.cli import plan_json
     from video_grpo.plan.compute import GPUS
 
+    plans = plans or DocPlans(REPO)
     out = {}
     for recipe in RECIPES:
         family = tiny_family(recipe)
@@ -65,22 +67,15 @@ def plan_all(tiny: dict[str, str], both_off: bool = True) -> dict[str, dict]:
             )
             out[recipe.stem] = {"json": plan_json(plan)}
             continue
-        header = HEADER.search(recipe.read_text())
-        launch = header["launch"] if header else "configs/accelerate/zero3.yaml"
-        # no --model_config: the recipe's Hub model is one of configs/models/, used offline without being asked
-        plan = plan_recipe(str(recipe), launch, gpu="h100-80gb")
+        # plan_recipe on the launch the header names, on an H100, with no --model_config: the recipe's Hub model is
+        # one of configs/models/, used offline without being asked
+        plan = plans.plan(recipe.stem)
         out[recipe.stem] = {
             "json": plan_json(plan),
-            "launch": launch,
+            "launch": plans.launch(recipe.stem),
             "source": plan.source,
             "fits": [g for g in GPUS if dataclasses.replace(plan, gpu=resolve_gpu(g, None)).fits],
         }
-        if both_off:
-            off = make_plan(plan.shape, plan.work.replace(shared_prefix=False, encode_once=False), plan.gpu)
-            out[recipe.stem]["fit_table_gb"] = [
-                round(plan.memory.peak / GB, 1),
-                round(off.memory.peak / GB, 1),
-            ]
     return out
 
 
@@ -98,4 +93,10 @@ def documented_report() -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    print(json.dumps({"plans": plan_all(json.loads(sys.argv[1])), "report": documented_report()}))
+    from video_grpo.plan.cli import recipe_auto_fit
+    from video_grpo.plan.docs import render_blocks
+
+    doc_plans = DocPlans(REPO)
+    planned = plan_all(json.loads(sys.argv[1]), doc_plans)
+    docs = render_blocks(doc_plans, recipe_auto_fit)
+    print(json.dumps({"plans": planned, "report": documented_report(), "docs": docs}))

@@ -141,9 +141,11 @@ def test_the_planner_previews_auto_fit(tiny_model_dir, capsys, tmp_path):
     assert json.loads(capsys.readouterr().out)["after"] == {"gradient_checkpointing": True}
 
 
-def test_a_cpu_run_fits_itself_and_checks_its_plan(tiny_model_dir, tmp_path, caplog):
+def test_a_cpu_run_fits_itself_and_checks_its_plan(tiny_model_dir, tmp_path, caplog, checkpointed_calls):
     """The issue's command, in-process: demo_tiny with a budget just under its plan (0.16 of 0.172 GB) trains its
-    steps with checkpointing on, and its plan check (the second step, live tensor bytes) is within 15% at the peak."""
+    steps with checkpointing on (counted: the loss forwards ran checkpointed segments; tests/test_plan_check.py's
+    runs, without checkpointing, ran none), and its plan check (the second step, live tensor bytes) is within 15% at
+    the peak."""
     import video_grpo.grpo as entry
 
     flags = ("--auto_fit", "true", "--auto_fit_memory_gb", "0.16", "--plan_check", "true", "--max_steps", "2")
@@ -156,6 +158,9 @@ def test_a_cpu_run_fits_itself_and_checks_its_plan(tiny_model_dir, tmp_path, cap
     assert saved.generation_batch_size == 8
     history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
     assert [entry["step"] for entry in history if "loss" in entry] == [1, 2]
+    assert len(checkpointed_calls) > 0, (
+        "gradient_checkpointing was saved as on, but no segment ran checkpointed"
+    )
     check = json.loads((tmp_path / "plan_check.json").read_text())
     assert check["step"] == 2 and set(check["phases"]) == {
         "generation",

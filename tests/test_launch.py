@@ -124,10 +124,15 @@ AUTO_FIT = ("--auto_fit", "true")
 BUDGETS = "0.3,0.15"
 
 
+# The ZeRO-2 run checks its plan (video_grpo.memory_check) on rank 0, in live tensor bytes: under DeepSpeed the
+# optimizer row is the engine's own step, inside the backward (accelerate's optimizer.step() does nothing there).
+PLAN_CHECK = ("--plan_check", "true")
+
+
 @pytest.mark.parametrize(
     ("config", "stage", "extra", "family"),
     [
-        ("cpu/zero2.yaml", 2, (), "qwen2_5_vl"),
+        ("cpu/zero2.yaml", 2, PLAN_CHECK, "qwen2_5_vl"),
         ("cpu/zero3.yaml", 3, GUIDED, "qwen2_5_vl"),
         ("cpu/zero3.yaml", 3, AUTO_FIT, "qwen3_vl"),
         ("cpu/zero3.yaml", 3, (), "qwen3_5"),
@@ -179,6 +184,10 @@ def test_accelerate_launch_trains_and_saves(family_model, tmp_path, config, stag
             "memory_gb_by_rank": [0.3, 0.15],
         }, record
         assert "fitted for the smallest device among 2 ranks (rank 1's, 0.15 GB" in log
+    elif extra == PLAN_CHECK:
+        check_deepspeed_plan_check(
+            __import__("json").loads((out / "plan_check.json").read_text()), initial, log
+        )
     elif extra:  # every group had its guided answer: the metric is logged for each step
         history = __import__("json").loads((out / "trainer_state.json").read_text())["log_history"]
         assert len([e for e in history if "guidance/groups_all_sampled_negative" in e]) == 2
@@ -191,3 +200,19 @@ def test_accelerate_launch_trains_and_saves(family_model, tmp_path, config, stag
     assert len(ratios) == 2 and all(0 < r < 1 for r in ratios), history
     assert prefills and all(0 < r < 1 for r in prefills), history
     assert not list(out.glob("*.bin")) or [p.name for p in out.glob("*.bin")] == ["training_args.bin"]
+
+
+def check_deepspeed_plan_check(record: dict, initial: dict[str, torch.Tensor], log: str) -> None:
+    """Rank 0's plan check under ZeRO-2, bf16, 2 ranks, against what the model's size says (P parameters): the
+    optimizer window is the engine's step, which made the rank's float32 gradient partition (4 bytes x P/2; a window
+    around accelerate's no-op adds nothing), with the bf16 weights (2P) and the rank's float32 master weights and
+    Adam moments (12 x P/2) alive; the loss window holds DeepSpeed's gradient bucket (reduce_bucket_size, 5e8 bf16
+    elements by default: 1 GB), which the backward allocates."""
+    params = sum(t.numel() for t in {t.data_ptr(): t for t in initial.values()}.values())
+    assert record["deepspeed"] and record["step"] == 2 and record["dropped"] == {}, record
+    assert "_take_model_step" in record["optimizer_window"]
+    optimizer, loss = record["phases"]["optimizer"], record["phases"]["loss"]
+    assert optimizer["added_gb"] * 1e9 >= 4 * params / 2, (params, optimizer)
+    assert optimizer["at_start_gb"] * 1e9 >= 2 * params + 12 * params / 2, (params, optimizer)
+    assert loss["added_gb"] * 1e9 >= 5e8 * 2, loss
+    assert f"plan check: optimizer: planned {optimizer['planned_gb']:.4g} GB" in log

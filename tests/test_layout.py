@@ -43,6 +43,10 @@ PLAN_LAYERS = (  # the order a plan is made in (docs/internals.md lists them so)
     "ranks",  # the one device every rank fits for (auto-fit reads its result)
     "autofit",  # the changes that keep the mathematics, chosen from fitting's ranking
     "report",
+    "doc_blocks",  # the docs' generated blocks: markers, rewrite, diff
+    "doc_tables",  # the shipped recipes' tables
+    "doc_example",  # auto-fit's worked example
+    "docs",  # python -m video_grpo.plan --markdown
     "cli",
     "startup",
     "__main__",

@@ -20,11 +20,12 @@ import torch
 import yaml
 
 from video_grpo.plan import main, plan_recipe, suggestions
+from video_grpo.plan.doc_tables import PLAN_HEADER as HEADER
 from video_grpo.plan.model import shipped_model_configs
 from video_grpo.plan.workload import worst_case_video
 
 from .conftest import REPO
-from .plan_all import DOCUMENTED, FAMILIES, HEADER, RECIPES, plan_all, tiny_family
+from .plan_all import DOCUMENTED, FAMILIES, RECIPES, plan_all, tiny_family
 
 GPU_RECIPES = [r for r in RECIPES if tiny_family(r) is None]
 KEYS = {"peak_gb", "fits", "phase", "by_phase_gb", "by_category_gb", "flops_by_phase", "time_s_by_phase"}
@@ -112,11 +113,8 @@ def test_a_plan_is_a_function_of_its_inputs(fresh_plans, family_model, train_fil
         trainer.train()
         assert trainer.state.global_step == 1
     assert hasattr(Qwen3_5GatedDeltaNet.forward, "__wrapped__")  # the packed Qwen3.5 step installed the fork
-    here = plan_all({family: str(family_model(family)) for family in FAMILIES}, both_off=False)
-    fresh = {
-        name: {key: value for key, value in planned.items() if key != "fit_table_gb"}
-        for name, planned in fresh_plans()["plans"].items()
-    }
+    here = plan_all({family: str(family_model(family)) for family in FAMILIES})
+    fresh = fresh_plans()["plans"]
     assert set(here) == set(fresh) == {r.stem for r in RECIPES}
     moved = [name for name in here if json.dumps(here[name]) != json.dumps(fresh[name])]
     assert not moved, {name: {"here": here[name]["json"], "fresh": fresh[name]["json"]} for name in moved}
@@ -233,34 +231,27 @@ def test_each_gpu_recipe_fits_the_class_its_header_names(recipe, fresh_plans):
     assert fitting == named, f"{recipe.name}: fits {sorted(fitting)}; its header names {sorted(named)}"
 
 
-FIT_ROW = re.compile(
-    r"^\|[^|\n]*`(?P<recipe>\w+)`[^|\n]*\| (?P<on>[\d.]+) GB[^|\n]*\|[^|\n]*\| (?P<off>[\d.]+) GB", re.M
-)
+def test_the_docs_blocks_are_what_the_planner_writes(fresh_plans):
+    """README's fit table, planning.md's recipe tables, settings per GPU class and auto-fit's worked example are
+    what ``python -m video_grpo.plan --markdown`` makes (in the fresh process, from the plans the tests above
+    check): committed text that differs fails with the diff. The settings table had drifted once by hand, and the
+    fit tables' "off" column had once been filled with `shared_prefix` alone off."""
+    from video_grpo.plan.doc_blocks import check_pages
+
+    blocks = {name: tuple(block) for name, block in fresh_plans()["docs"].items()}
+    assert {page for page, _ in blocks.values()} == {"README.md", "docs/planning.md"}
+    diffs = check_pages(REPO, blocks)
+    assert not diffs, "".join(diffs) + "\nrun: python -m video_grpo.plan --markdown --write"
 
 
-def test_the_fit_tables_in_the_docs_match_the_planner(fresh_plans):
-    """README's "Will it fit?" and planning.md's recipe table give each GPU recipe's peak per GPU, as shipped and with
-    `shared_prefix` and encode-once off, on the launch its header names; both columns are what the planner says
-    now (they once drifted: the "off" column had been filled with `shared_prefix` alone off)."""
-    rows = {}
-    for doc in ("README.md", "docs/planning.md"):
-        found = {
-            m["recipe"]: (float(m["on"]), float(m["off"])) for m in FIT_ROW.finditer((REPO / doc).read_text())
-        }
-        assert len(found) >= 8, f"{doc}: expected the recipes' fit table, found rows for {sorted(found)}"
-        for name, numbers in found.items():
-            assert rows.setdefault(name, numbers) == numbers, (
-                f"{doc}: {name} {numbers}, the other doc {rows[name]}"
-            )
-    recipes = {r.stem for r in GPU_RECIPES}
-    assert set(rows) <= recipes, f"unknown recipes in the fit tables: {set(rows) - recipes}"
-    planned = fresh_plans()["plans"]
-    wrong = {
-        name: {"docs": rows[name], "planner": planned[name]["fit_table_gb"]}
-        for name in rows
-        if list(rows[name]) != planned[name]["fit_table_gb"]
-    }
-    assert not wrong, f"fit tables out of date (GB as shipped, GB with both off): {wrong}"
+def test_every_gpu_recipe_is_a_row_of_the_fit_tables(fresh_plans):
+    """The fit tables' rows are made from configs/grpo/: a new GPU recipe (one whose model is a shipped Hub config)
+    gets its row, with its peak and step times, when the tables are regenerated."""
+    docs = fresh_plans()["docs"]
+    for name in ("fit-table", "recipe-table", "recipe-times"):
+        rows = re.findall(r"^\| [^|`]*`(\w+)`", docs[name][1], re.M)
+        assert rows == [stem for stem in rows if stem in {r.stem for r in GPU_RECIPES}], (name, rows)
+        assert sorted(rows) == sorted(r.stem for r in GPU_RECIPES), (name, rows)
 
 
 def test_a_recipe_that_does_not_fit_gets_changes_that_do():

@@ -2,32 +2,40 @@
 
 After the first optimizer step (the first after which the optimizer's states exist, as the plan assumes of every
 step), the next step is measured until it has shown each phase: generation, the old-policy and reference
-forwards, the loss forward and backward, the optimizer step. Each phase's peak is measured from its start:
-
-- on CUDA, ``torch.cuda.max_memory_allocated`` with the peak reset at each phase boundary: the allocator's
-  count of live tensors, the quantity the plan estimates (what it reserves besides is the plan's headroom);
-- on the CPU, live tensor bytes (:class:`video_grpo.plan.live_memory.LiveBytes`), counting the weights, the
-  optimizer's states and the buffered batch alive at the step's start. It sees every operator, so it slows the
-  measured step: ``plan_check: true`` turns it on; off by default on the CPU.
+forwards, the loss forward and backward, the optimizer step. Each phase's peak is measured from its start, in live
+tensor bytes (:mod:`video_grpo.memory_meters`): on CUDA the allocator's count, free; on the CPU a count by storage
+that sees every operator and so slows the measured step (``plan_check: true`` turns it on; off by default there).
 
 The ratios (planned / measured) are logged and written to ``output_dir/plan_check.json``; when one is outside
 :data:`TOLERANCE` the log says so and asks for the JSON to be reported. The phases are bounded by the trainer's
 methods: ``_generate_single_turn`` (generation), the rest of ``_generate_and_score_completions`` (old policy and
-reference), ``compute_loss`` to the end of ``training_step`` (loss), and the callbacks around the optimizer step.
-Under DeepSpeed the optimizer steps inside the last backward, so its peak is measured in the loss phase.
-Only rank 0 measures: a check makes no collective call, so no rank waits for it.
+reference), ``compute_loss`` to the end of ``training_step`` (loss), and the optimizer's step.
+
+**The optimizer's step under DeepSpeed.** Accelerate's ``optimizer.step()`` is a no-op there (its
+``DeepSpeedOptimizerWrapper.step`` does nothing): the engine steps inside ``accelerator.backward`` at the
+accumulation boundary (``DeepSpeedEngineWrapper.backward`` calls ``engine.step()``, which calls
+``engine._take_model_step`` at the boundary, for every ZeRO stage). So under DeepSpeed the optimizer phase is the
+engine's ``_take_model_step``, measured as a window inside the loss phase (which is measured around it); if the
+engine has no such method the optimizer row is left out, with the reason in the log and the record, rather than
+measured around the no-op.
+
+The check never stops a run: a memory reader that fails (the CUDA reader has never run in this project's tests)
+ends the check with a warning, and training goes on. Only rank 0 measures: a check makes no collective call, so no
+rank waits for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable
 
 import torch
 from transformers import TrainerCallback
+
+from video_grpo.memory_meters import CudaPeaks, LivePeaks, tensors_in
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +43,14 @@ PHASES = ("generation", "old_and_reference", "loss", "optimizer")
 NEEDED = ("generation", "loss", "optimizer")  # old_and_reference is measured whenever generation is
 TOLERANCE = 0.15
 GB = 1e9
+ENGINE_STEP = "_take_model_step"  # DeepSpeedEngine's optimizer step, called by engine.step() at the boundary
+OPTIMIZER_WINDOW = {
+    False: "the optimizer's step, between the Trainer's on_pre_optimizer_step and on_optimizer_step callbacks",
+    True: (
+        f"DeepSpeedEngine.{ENGINE_STEP}: the engine's optimizer step, inside the backward at the accumulation "
+        "boundary (accelerate's optimizer.step() is a no-op under DeepSpeed)"
+    ),
+}
 
 
 def wanted(plan_check: bool | None, on_cuda: bool) -> bool:
@@ -42,75 +58,10 @@ def wanted(plan_check: bool | None, on_cuda: bool) -> bool:
     return on_cuda if plan_check is None else bool(plan_check)
 
 
-class CudaPeaks:
-    """Phase peaks from the CUDA allocator."""
-
-    name = "torch.cuda.max_memory_allocated"
-
-    def open(self, trainer) -> None:
-        pass
-
-    def begin(self) -> None:
-        torch.cuda.reset_peak_memory_stats()
-
-    def end(self) -> int:
-        return int(torch.cuda.max_memory_allocated())
-
-    def close(self) -> None:
-        pass
-
-
-class LivePeaks:
-    """Phase peaks in live tensor bytes, counting what was alive when the measured step began."""
-
-    name = "live tensor bytes (video_grpo.plan.live_memory.LiveBytes)"
-
-    def __init__(self) -> None:
-        self.live = None
-
-    def open(self, trainer) -> None:
-        from video_grpo.plan.live_memory import LiveBytes
-
-        self.live = LiveBytes()
-        self.live.__enter__()
-        self.live.adopt(alive_tensors(trainer))
-
-    def begin(self) -> None:
-        self.live.reset_peak()
-
-    def end(self) -> int:
-        return self.live.peak
-
-    def close(self) -> None:
-        if self.live is not None:
-            self.live.__exit__(None, None, None)
-            self.live = None
-
-
-def alive_tensors(trainer) -> Iterator[torch.Tensor]:
-    """What a step starts with: the policy's and the reference's weights and buffers, gradients, the optimizer's
-    states, and the generation batch still buffered from before."""
-    for model in (trainer.model, getattr(trainer, "ref_model", None)):
-        if model is not None:
-            yield from model.parameters()
-            yield from model.buffers()
-            yield from (p.grad for p in model.parameters() if p.grad is not None)
-    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-    if optimizer is not None:
-        for state in optimizer.state.values():
-            yield from (v for v in state.values() if isinstance(v, torch.Tensor))
-    yield from tensors_in(getattr(trainer, "_buffered_inputs", None))
-
-
-def tensors_in(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from tensors_in(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from tensors_in(item)
+def deepspeed_engine(trainer):
+    """The DeepSpeed engine accelerate's backward steps (None before ``prepare`` or without DeepSpeed)."""
+    wrapped = getattr(trainer.accelerator, "deepspeed_engine_wrapped", None)
+    return getattr(wrapped, "engine", None)
 
 
 class PlanCheck(TrainerCallback):
@@ -124,7 +75,13 @@ class PlanCheck(TrainerCallback):
         )
         self.armed = self.active = self.done = False
         self.current: str | None = None
-        self.measured: dict[str, int] = {}
+        self.measured: dict[str, int] = {}  # phase -> its highest peak (bytes)
+        self.at_start: dict[str, int] = {}  # phase -> bytes alive when the window of that peak began
+        self.window_start = 0
+        self.carried_peak = 0  # the loss window's peak before a nested optimizer step
+        self.suspended: tuple[str, int, int] | None = None  # (phase, start, peak so far) around a nested step
+        self.dropped: dict[str, str] = {}  # phase -> why its row is left out
+        self.undo: list[Callable[[], None]] = []
         self.step: int | None = None
         self.longest = {"prompt": 0, "answer": 0}  # tokens seen in the measured window, beside the plan's
         self.deepspeed = bool(getattr(trainer, "is_deepspeed_enabled", False))
@@ -149,6 +106,8 @@ class PlanCheck(TrainerCallback):
             return out
 
         def score_phase(*args, **kwargs):
+            if self.active:  # the batch being scored (on the CPU its decoded videos are live memory too)
+                self.safely(self.meter.adopt, tensors_in((args, kwargs)))
             out = score(*args, **kwargs)
             self.end("old_and_reference")
             return out
@@ -159,7 +118,7 @@ class PlanCheck(TrainerCallback):
             return compute_loss(*args, **kwargs)
 
         def step_phase(*args, **kwargs):
-            out = training_step(*args, **kwargs)  # the backward is its last work
+            out = training_step(*args, **kwargs)  # the backward is its last work (and DeepSpeed's step in it)
             self.end("loss")
             return out
 
@@ -170,41 +129,126 @@ class PlanCheck(TrainerCallback):
         trainer.add_callback(self)
         return self
 
+    def hook_engine_step(self) -> None:
+        """Under DeepSpeed: measure the optimizer phase around the engine's own step (the module's docstring), or
+        leave the row out, saying why."""
+        engine = deepspeed_engine(self.trainer)
+        take_step = getattr(engine, ENGINE_STEP, None) if engine is not None else None
+        if not callable(take_step):
+            where = (
+                "no DeepSpeed engine was prepared"
+                if engine is None
+                else f"{type(engine).__name__} has no {ENGINE_STEP}"
+            )
+            self.drop(
+                "optimizer",
+                f"under DeepSpeed the optimizer steps inside the backward, and {where} to measure it by",
+            )
+            return
+
+        def measured_step(*args, **kwargs):
+            self.begin("optimizer")
+            try:
+                return take_step(*args, **kwargs)
+            finally:
+                self.end("optimizer")
+
+        setattr(engine, ENGINE_STEP, measured_step)
+        self.undo.append(lambda: vars(engine).pop(ENGINE_STEP, None))
+
+    def drop(self, phase: str, reason: str) -> None:
+        self.dropped[phase] = reason
+        logger.warning(f"plan check: the {phase} row is left out: {reason}")
+
+    def restore(self) -> None:
+        while self.undo:
+            self.undo.pop()()
+
     # -- phases ---------------------------------------------------------------------------------------------
 
     def begin(self, phase: str) -> None:
-        if self.active and self.trainer.model.training:
-            self.current = phase
-            self.meter.begin()
+        if not (self.active and self.trainer.model.training):
+            return
+        try:
+            if phase == "optimizer" and self.current is not None:  # DeepSpeed's step, inside the loss phase
+                self.suspended = (self.current, self.window_start, self.meter.end())
+            self.window_start = self.meter.begin()
+        except Exception as err:  # noqa: BLE001 (a failing reader ends the check, never the run)
+            self.fail(err)
+            return
+        self.current = phase
 
     def end(self, phase: str) -> None:
-        if self.active and self.current == phase:
-            self.measured[phase] = max(self.measured.get(phase, 0), self.meter.end())
-            self.current = None
+        if not (self.active and self.current == phase):
+            return
+        try:
+            peak = max(self.meter.end(), self.carried_peak)
+            if self.suspended is not None and phase == "optimizer":  # back to the phase the step ran inside
+                resumed, start, carried = self.suspended
+                self.meter.begin()
+        except Exception as err:  # noqa: BLE001 (a failing reader ends the check, never the run)
+            self.fail(err)
+            return
+        if peak > self.measured.get(phase, -1):
+            self.measured[phase], self.at_start[phase] = peak, self.window_start
+        self.current, self.carried_peak = None, 0
+        if self.suspended is not None and phase == "optimizer":
+            self.current, self.window_start, self.carried_peak = resumed, start, carried
+            self.suspended = None
+
+    def safely(self, call: Callable, *args) -> None:
+        try:
+            call(*args)
+        except Exception as err:  # noqa: BLE001 (a failing reader ends the check, never the run)
+            self.fail(err)
+
+    def fail(self, err: Exception) -> None:
+        logger.warning(
+            f"plan check: stopped, its memory reader ({self.meter.name}) failed: {type(err).__name__}: {err}. "
+            "Nothing is written; training goes on. Please report it (plan_check: false turns the check off)."
+        )
+        self.active, self.done, self.current, self.suspended = False, True, None, None
+        self.restore()
+        with contextlib.suppress(Exception):  # already reported
+            self.meter.close()
 
     # -- the step measured ----------------------------------------------------------------------------------
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.deepspeed and not self.undo and "optimizer" not in self.dropped:
+            self.hook_engine_step()  # the engine exists from here on (accelerate prepared it)
+
     def on_step_begin(self, args, state, control, **kwargs):
         if self.armed and not self.active and not self.done:
+            try:
+                self.meter.open(self.trainer)
+            except Exception as err:  # noqa: BLE001 (a failing reader ends the check, never the run)
+                self.active = True
+                self.fail(err)
+                return
             self.active, self.step = True, state.global_step + 1
-            self.meter.open(self.trainer)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        self.begin("optimizer")
+        if not self.deepspeed:  # under DeepSpeed this brackets a no-op: the step is measured in the engine
+            self.begin("optimizer")
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        self.end("optimizer")
+        if not self.deepspeed:
+            self.end("optimizer")
 
     def on_step_end(self, args, state, control, **kwargs):
         if not self.armed:
             self.armed = True  # the first optimizer step is done: its states exist from now on
             return
-        if self.active and all(phase in self.measured for phase in NEEDED):
+        needed = [phase for phase in NEEDED if phase not in self.dropped]
+        if self.active and all(phase in self.measured for phase in needed):
             self.finish()
 
     def on_train_end(self, args, state, control, **kwargs):
+        self.restore()
         if self.active and not self.done:
-            self.meter.close()
+            with contextlib.suppress(Exception):  # a reader that fails here has nothing left to report
+                self.meter.close()
             self.active = False
             logger.warning(
                 "plan check: training ended before a whole step after the first optimizer step was measured "
@@ -212,17 +256,29 @@ class PlanCheck(TrainerCallback):
             )
 
     def finish(self) -> None:
-        self.meter.close()
         self.active, self.done = False, True
-        record = self.record()
-        os.makedirs(self.output_dir, exist_ok=True)
-        with open(os.path.join(self.output_dir, "plan_check.json"), "w") as f:
-            json.dump(record, f, indent=2)
+        self.restore()
+        try:
+            self.meter.close()
+            record = self.record()
+            os.makedirs(self.output_dir, exist_ok=True)
+            with open(os.path.join(self.output_dir, "plan_check.json"), "w") as f:
+                json.dump(record, f, indent=2)
+        except Exception as err:  # noqa: BLE001 (the check never stops a run)
+            logger.warning(
+                f"plan check: could not write its record ({type(err).__name__}: {err}); please report it"
+            )
+            return
+        self.log(record)
+
+    def log(self, record: dict) -> None:
         for phase, row in record["phases"].items():
             logger.warning(
                 f"plan check: {phase}: planned {row['planned_gb']:.4g} GB, measured {row['measured_gb']:.4g} GB "
                 f"(planned / measured {row['ratio']})"
             )
+        for phase, reason in record["dropped"].items():
+            logger.warning(f"plan check: {phase}: not measured ({reason})")
         peak = record["peak"]
         logger.warning(
             f"plan check: peak planned {peak['planned_gb']:.4g} GB ({peak['planned_phase']}), measured "
@@ -244,8 +300,6 @@ class PlanCheck(TrainerCallback):
     def record(self) -> dict:
         memory = self.plan.memory
         planned = {phase: memory.phases[phase].peak for phase in PHASES}
-        if self.deepspeed:  # the optimizer steps inside the last backward: its peak is the loss phase's
-            planned["loss"] = max(planned["loss"], planned["optimizer"])
         phases = {}
         for phase in PHASES:
             if phase in self.measured and self.measured[phase]:
@@ -253,6 +307,9 @@ class PlanCheck(TrainerCallback):
                     "planned_gb": round(planned[phase] / GB, 6),
                     "measured_gb": round(self.measured[phase] / GB, 6),
                     "ratio": round(planned[phase] / self.measured[phase], 4),
+                    # alive when the window of the measured peak began, and what the phase added to it
+                    "at_start_gb": round(self.at_start[phase] / GB, 6),
+                    "added_gb": round((self.measured[phase] - self.at_start[phase]) / GB, 6),
                 }
         measured_phase = max(self.measured, key=self.measured.get)
         peak_ratio = round(memory.peak / self.measured[measured_phase], 4)
@@ -264,6 +321,8 @@ class PlanCheck(TrainerCallback):
             "rank": self.trainer.accelerator.process_index,
             "step": self.step,
             "deepspeed": self.deepspeed,
+            "optimizer_window": OPTIMIZER_WINDOW[self.deepspeed],
+            "dropped": dict(self.dropped),
             "peak": {
                 "planned_gb": round(memory.peak / GB, 6),
                 "planned_phase": memory.peak_phase,

@@ -16,7 +16,11 @@ Modules, in the order a plan is made (each imports only those above it):
 - :mod:`~video_grpo.plan.loss_split`: whether TRL's step depends on how the rows are split into micro-batches;
 - :mod:`~video_grpo.plan.autofit`: the cheapest of them that keep the mathematics, which a run applies itself
   (``auto_fit: true``);
-- :mod:`~video_grpo.plan.report`, :mod:`~video_grpo.plan.cli`: the printed report and the command;
+- :mod:`~video_grpo.plan.report`: the printed report;
+- :mod:`~video_grpo.plan.doc_blocks`, :mod:`~video_grpo.plan.doc_tables`, :mod:`~video_grpo.plan.doc_example`,
+  :mod:`~video_grpo.plan.docs`: the tables and the worked example of README.md and docs/planning.md, written or
+  checked by ``python -m video_grpo.plan --markdown``;
+- :mod:`~video_grpo.plan.cli`: the command;
 - :mod:`~video_grpo.plan.startup`: the one-line plan a training run logs, its auto-fit and the plan its plan check
   compares with (the trainer's entry point; :mod:`~video_grpo.plan.live_memory` is the CPU plan check's counter).
 """

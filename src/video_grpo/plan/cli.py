@@ -16,6 +16,11 @@ Compute is given as FLOPs per phase and, for a named GPU, seconds per phase at s
 ``--gpu cpu`` plans one CPU process with no headroom: what the tests and benchmarks measure.
 ``--auto_fit`` prints what ``auto_fit: true`` would change in a training run on that GPU
 (:mod:`video_grpo.plan.autofit`), before renting it.
+
+    python -m video_grpo.plan --markdown [--write | --check]
+
+regenerates the tables and the worked example of README.md and docs/planning.md (:mod:`video_grpo.plan.docs`):
+printed, written between their markers, or checked (exit code 1 and a diff when a page differs).
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ import argparse
 import json
 import sys
 
-from video_grpo.plan.autofit import auto_fit
+from video_grpo.plan.autofit import FitResult, auto_fit
 from video_grpo.plan.compute import GPUS
+from video_grpo.plan.docs import markdown
 from video_grpo.plan.fitting import suggestions
 from video_grpo.plan.loss_split import LossSettings
 from video_grpo.plan.recipe import GB, Plan, plan_recipe
@@ -41,13 +47,18 @@ def plan_json(plan: Plan) -> dict:
     return out
 
 
+def recipe_auto_fit(plan: Plan, config: str) -> FitResult:
+    """What ``--auto_fit`` prints for a recipe file's plan (and the docs' worked example shows)."""
+    return auto_fit(plan, LossSettings.of(recipe_values(config)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m video_grpo.plan",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", required=True, help="the recipe YAML")
+    parser.add_argument("--config", help="the recipe YAML (required, except with --markdown)")
     parser.add_argument("--accelerate_config", help="the accelerate config the run launches with")
     parser.add_argument("--num_processes", type=int, help="GPUs in all (overrides the accelerate config)")
     parser.add_argument("--zero_stage", type=int, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage (0: none)")
@@ -64,7 +75,25 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print what auto_fit: true would change to fit the GPU (needs --gpu or --gpu_memory_gb)",
     )
+    parser.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the tables and the worked example of README.md and docs/planning.md (no --config)",
+    )
+    written = parser.add_mutually_exclusive_group()
+    written.add_argument(
+        "--write", action="store_true", help="with --markdown: rewrite them between their markers"
+    )
+    written.add_argument(
+        "--check", action="store_true", help="with --markdown: exit 1 with a diff where a page differs"
+    )
     args = parser.parse_args(argv)
+    if args.markdown:
+        return markdown(recipe_auto_fit, "write" if args.write else "check" if args.check else "print")
+    if args.write or args.check:
+        parser.error("--write and --check go with --markdown")
+    if args.config is None:
+        parser.error("--config is required (or --markdown)")
     try:
         plan = plan_recipe(
             args.config,
@@ -84,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         if plan.gpu is None:
             print("error: --auto_fit needs a device: --gpu or --gpu_memory_gb", file=sys.stderr)
             return 2
-        fitted = auto_fit(plan, LossSettings.of(recipe_values(args.config)))
+        fitted = recipe_auto_fit(plan, args.config)
         print(json.dumps(fitted.as_json()) if args.json else fitted.summary())
         return 0
     if args.json:
