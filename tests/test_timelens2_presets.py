@@ -29,7 +29,7 @@ GRPO = {
     "max_steps": 300,  # MAX_STEPS
     "save_steps": 50,  # SAVE_STEPS
     "seed": 42,  # SEED
-    "reward_funcs": ["twass", "iou", "parse_penalty"],  # REWARD_FUNCS=twass1,tiou,parse_penalty
+    "reward_funcs": ["twass", "tiou", "parse_penalty"],  # REWARD_FUNCS=twass1,tiou,parse_penalty
     "reward_kwargs": {"twass": {"beta": 1.0}},  # twass1
     "sample_weight_mean_power": 2,  # SAMPLE_WEIGHT_MEAN_POWER
     "sample_weight_field": "mean_iou",  # SAMPLE_WEIGHT_MEAN_SPEC=tiou: curate's mean tIoU
