@@ -54,3 +54,19 @@ def test_grpo_learns_to_look_and_plain_trl_does_not():
     assert answer_only["parsed_after"] >= 90, answer_only
     assert answer_only["ours"] > answer_only["blank_after"], answer_only  # real frames beat black frames
     assert answer_only["think_decoded_tokens_per_step"] is not None, answer_only  # measured beside <think>
+    # TimeLens2's twass reward, on the same sampled groups of every unguided <think> run, each group scored twice.
+    # A group of misses is flat under IoU alone and ranked once twass is added, so at most a quarter of the flat
+    # groups stay flat (goal ratio <= 0.25; those left are groups whose answers all give the same span). Most of
+    # IoU's flat groups come from plain TRL's run, whose generation misreads the frames (docs/learning.md).
+    flat, spread = lines["twass_flat_groups"], lines["twass_within_group_std"]
+    twass, steps, by_run = lines["twass_test_miou"], lines["learning_iou"]["steps"], flat["by_run"]
+    assert set(by_run) == {"ours", "plain", "twass", "curation_curated", "curation_whole"}, flat
+    assert [by_run[name]["groups"] for name in ("ours", "plain", "twass")] == [steps * 8] * 3, flat
+    assert by_run["curation_whole"]["groups"] == curation["groups"], flat
+    assert flat["groups"] == spread["groups"] == sum(run["groups"] for run in by_run.values()), flat
+    assert flat["flat_iou"] >= 50 and flat["ratio"] <= 0.25, flat
+    assert spread["ratio"] > 1, spread  # the sum spreads more; its goal (2x) is reported, not asserted
+    # The twass arm: the same steps from the same start; its test mIoU is reported as it comes.
+    assert twass["steps"] == steps and twass["start_miou"] == lines["uses_video"]["start_miou"], twass
+    fixed = lines["best_fixed_span_miou"]["best_fixed_span_miou"]
+    assert twass["ours"] > fixed, twass  # it still reads the frames: above the best fixed answer

@@ -307,6 +307,9 @@ def grpo(
     group_stds: list[float] | None = None,
     seed: int = GRPO_SETTINGS["seed"],
     answer_only: bool = False,
+    rollouts: list[dict] | None = None,
+    extra_rewards: tuple[str, ...] = (),
+    extra_reward_params: dict[str, dict] | None = None,
     **trainer_kwargs,
 ) -> list[dict]:
     """GRPO with the ``iou`` and ``format`` rewards from ``model_dir``; returns the per-step log.
@@ -317,7 +320,10 @@ def grpo(
     appended to it (population std over the G answers to one prompt: the spread GRPO's advantages come from).
     ``seed``: the trainer's seed (prompt order and sampling). ``answer_only``: the reward is ``iou_answer_only``
     alone (TimeLens: no format term); its log entries carry ``rewards/iou_reward/mean`` too, so every row reads
-    the same key."""
+    the same key. ``rollouts``: if given, every group of sampled answers the IoU reward scores is appended to it
+    (:func:`video_grpo.bench.twass_rows.recording_rollouts`). ``extra_rewards``: registry names trained with
+    besides ``iou`` and ``format`` (weight 1 each, e.g. ``("twass",)``), with their parameters in
+    ``extra_reward_params`` (``{"twass": {"beta": 3.0}}``)."""
     from transformers import AutoConfig, AutoProcessor
     from trl import GRPOConfig, GRPOTrainer
 
@@ -347,9 +353,16 @@ def grpo(
 
         answer_only_iou.__name__ = "iou_reward"  # TRL logs a reward under its name: the rows share one key
         accuracy = answer_only_iou
+    if rollouts is not None:
+        from video_grpo.bench.twass_rows import recording_rollouts
+
+        accuracy = recording_rollouts(accuracy, rollouts, args.num_generations)
+    from video_grpo.rewards import resolve_reward_funcs
+
+    extra = resolve_reward_funcs(list(extra_rewards), extra_reward_params)
     trainer = trainer_class(
         model=str(model_dir),
-        reward_funcs=[accuracy] if answer_only else [accuracy, format_reward],
+        reward_funcs=[accuracy, *extra] if answer_only else [accuracy, *extra, format_reward],
         args=args,
         train_dataset=data,
         processing_class=trainer_processor,

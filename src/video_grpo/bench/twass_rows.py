@@ -1,0 +1,229 @@
+"""The learning benchmark's ``twass`` rows: does TimeLens2's temporal Wasserstein reward give GRPO a signal
+where the IoU reward gives none, and does training with it answer better?
+
+A GRPO group whose G rewards are all equal has zero advantages: its answers teach nothing. IoU is 0 for every
+answer that misses the true span, so a group of misses is such a group whatever the misses' distances;
+``twass`` (:func:`video_grpo.span_sets.twass_score`) still ranks them. The rows:
+
+- ``twass_flat_groups``: the share of groups whose rewards are all equal (max - min below ``FLAT_TOLERANCE``),
+  the ``twass`` + ``iou`` sum against ``iou`` alone, on the **same** groups of answers: every group the
+  benchmark's GRPO runs sampled (``ROLLOUT_RUNS``), re-scored with both reward sets after the run. Same answers,
+  same policy, so the comparison is exact and costs no sampling. The reward of an answer is the sum of the
+  named reward functions with weight 1, as TRL sums ``reward_funcs``. The ``format`` reward is left out of both
+  sides (the trainers sum it too): a group whose answers all miss but one of which breaks the format is not flat
+  under ``iou`` + ``format``, which would hide misses IoU cannot rank; the row reports the shares with it
+  included as well (``flat_with_format``).
+- ``twass_within_group_std``: on the same groups, the mean over groups of the population std of the G rewards,
+  the same two sums. Adding a second reward in [0, 1] widens the range by itself: a copy of ``iou`` would give
+  2x the std (4x the variance, the measure TimeLens2 reports, printed as ``variance_ratio``).
+- ``twass_test_miou``: test mIoU after the same GRPO steps from the same cold start and trainer seed,
+  ``iou`` + ``twass`` + ``format`` against the benchmark's own run (``iou`` + ``format``).
+
+``python -m video_grpo.bench.twass_rows --seeds 0 1 2`` runs the two GRPO arms alone for several trainer seeds
+from the benchmark's cold start (the numbers in docs/learning.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+# Re-scored groups: the GRPO runs that sample <think> answers to the task's single-span queries with the IoU
+# reward, unguided (guided groups hold the true answer, not the policy's). The answer-only run is left out: its
+# sentence is not an <answer> block, which twass and iou read.
+ROLLOUT_RUNS = ("ours", "plain", "twass", "curation_curated", "curation_whole")
+WITH_TWASS = ("iou", "twass")  # TimeLens2 trains with twass1 + tiou (+ parse_penalty)
+IOU_ALONE = ("iou",)
+FLAT_TOLERANCE = 1e-9  # rewards of one group closer than this are equal (float sums of equal terms)
+
+
+def recording_rollouts(reward: Callable, groups: list[dict], group_size: int) -> Callable:
+    """``reward`` (same ``__name__``, so the logs keep their keys, and the same values) that appends each group of
+    ``group_size`` consecutive answers it scores to ``groups``: their texts and the ``solution`` and ``duration``
+    columns. In one process the reward sees the whole generation batch, G consecutive rows per prompt."""
+    from video_grpo.rewards import completion_text
+
+    def recorded(completions, **kwargs) -> list[float]:
+        rewards = reward(completions=completions, **kwargs)
+        durations = kwargs.get("duration")
+        for start in range(0, len(completions), group_size):
+            rows = range(start, min(start + group_size, len(completions)))
+            groups.append(
+                {
+                    "completions": [completion_text(completions[i]) for i in rows],
+                    "solution": [kwargs["solution"][i] for i in rows],
+                    "duration": [durations[i] if durations is not None else None for i in rows],
+                }
+            )
+        return rewards
+
+    recorded.__name__ = reward.__name__
+    return recorded
+
+
+def summed_rewards(group: dict, names: tuple[str, ...]) -> list[float]:
+    """Each answer's reward under the registry rewards ``names``, summed with weight 1 as TRL sums them."""
+    from video_grpo.rewards import REWARD_FUNCS
+
+    columns = {"solution": group["solution"], "duration": group["duration"]}
+    per_reward = [REWARD_FUNCS[name](completions=group["completions"], **columns) for name in names]
+    return [sum(values) for values in zip(*per_reward, strict=True)]
+
+
+def group_spread(groups: list[dict], names: tuple[str, ...]) -> dict:
+    """Over ``groups``, scored with ``names``: the number of flat groups, and the mean within-group population
+    std and variance of the rewards."""
+    rewards = [summed_rewards(group, names) for group in groups]
+    return {
+        "flat": sum(max(r) - min(r) < FLAT_TOLERANCE for r in rewards),
+        "std": sum(statistics.pstdev(r) for r in rewards) / len(rewards),
+        "variance": sum(statistics.pvariance(r) for r in rewards) / len(rewards),
+    }
+
+
+def _share(count: int, total: int) -> float:
+    return count / total if total else 0.0
+
+
+def spread_rows(rollouts: dict[str, list[dict]], emit) -> dict:
+    """``twass_flat_groups`` and ``twass_within_group_std`` over every group of ``rollouts`` (run name -> its
+    recorded groups, :func:`recording_rollouts`), with the counts of each run beside."""
+    groups = [group for run in rollouts.values() for group in run]
+    total = len(groups)
+    with_twass, alone = group_spread(groups, WITH_TWASS), group_spread(groups, IOU_ALONE)
+    with_format = {
+        "twass+iou+format": _share(group_spread(groups, (*WITH_TWASS, "format"))["flat"], total),
+        "iou+format": _share(group_spread(groups, (*IOU_ALONE, "format"))["flat"], total),
+    }
+    by_run = {}
+    for run, run_groups in rollouts.items():
+        by_run[run] = {
+            "groups": len(run_groups),
+            "flat_twass_iou": group_spread(run_groups, WITH_TWASS)["flat"] if run_groups else 0,
+            "flat_iou": group_spread(run_groups, IOU_ALONE)["flat"] if run_groups else 0,
+        }
+    same_spans = sum(len({repr(spans_of(text)) for text in g["completions"]}) == 1 for g in groups)
+    flat = emit(
+        "twass_flat_groups",
+        _share(with_twass["flat"], total),
+        _share(alone["flat"], total),
+        "share of GRPO groups whose G rewards are all equal, twass+iou vs iou alone, the same sampled answers",
+        groups=total,
+        flat_twass_iou=with_twass["flat"],
+        flat_iou=alone["flat"],
+        same_span_groups=same_spans,
+        flat_with_format={k: round(v, 4) for k, v in with_format.items()},
+        by_run=by_run,
+        goal="ratio <= 0.25",
+    )
+    spread = emit(
+        "twass_within_group_std",
+        with_twass["std"],
+        alone["std"],
+        "mean within-group std of the GRPO reward, twass+iou vs iou alone, the same sampled answers",
+        variance_twass_iou=round(with_twass["variance"], 6),
+        variance_iou=round(alone["variance"], 6),
+        variance_ratio=round(with_twass["variance"] / alone["variance"], 4) if alone["variance"] else None,
+        groups=total,
+        goal="ratio >= 2",
+    )
+    return {"twass_flat_groups": flat, "twass_within_group_std": spread}
+
+
+def spans_of(text: str) -> list[tuple[float, float]] | None:
+    """The answer's spans as ``twass`` reads them (None: unparsable): groups whose answers all give the same
+    spans are flat under any reward."""
+    from video_grpo.answers import parse_answer_spans
+
+    return parse_answer_spans(text)
+
+
+def miou_row(
+    emit, twass_after: dict, iou_after: dict, start: dict, steps: int, seed: int, beta: float = 1.0
+) -> dict:
+    """``twass_test_miou`` from the two arms' greedy test metrics (``learning_runs.test_metrics``)."""
+    return emit(
+        "twass_test_miou",
+        twass_after["mIoU"],
+        iou_after["mIoU"],
+        "test mIoU % after the same GRPO steps from the same start: iou+twass+format vs iou+format",
+        start_miou=round(start["mIoU"], 3),
+        r1_05_twass=round(twass_after["R1@0.5"], 3),
+        r1_05_iou=round(iou_after["R1@0.5"], 3),
+        steps=steps,
+        grpo_seed=seed,
+        beta=beta,
+        goal="report (ours > baseline hoped)",
+    )
+
+
+def seed_runs(work: Path, emit, seeds: list[int], steps: int | None = None, beta: float = 1.0) -> list[dict]:
+    """For each trainer seed, the two arms from the benchmark's cold start (same task, seeds and SFT as
+    ``bench learning``): the ``twass_test_miou`` row and the spread rows over both arms' groups. ``beta``: the
+    twass arm's (the spread rows score with the registry's default, 1)."""
+    import contextlib
+
+    from video_grpo.bench import learning_runs as runs
+    from video_grpo.toys.synthetic import make_flash_split
+
+    budget = runs.FULL
+    steps = steps or budget.grpo_steps
+    data, _, start = runs.cold_start(work, budget)
+    make_flash_split(data, "test", budget.test, seed=11, task=budget.task)
+    train, test = runs.task_dataset(data / "train.jsonl"), runs.task_dataset(data / "test.jsonl")
+    results = []
+    with contextlib.redirect_stdout(sys.stderr):
+        start_metrics = runs.test_metrics(start, test)
+    for seed in seeds:
+        rollouts: dict[str, list[dict]] = {"ours": [], "twass": []}
+        after = {}
+        for arm, extra in (("ours", ()), ("twass", ("twass",))):
+            with contextlib.redirect_stdout(sys.stderr):
+                runs.grpo(
+                    start,
+                    train,
+                    work / arm,
+                    steps,
+                    seed=seed,
+                    rollouts=rollouts[arm],
+                    extra_rewards=extra,
+                    extra_reward_params={"twass": {"beta": beta}} if extra else None,
+                )
+                after[arm] = runs.test_metrics(work / arm, test)
+        row = miou_row(emit, after["twass"], after["ours"], start_metrics, steps, seed, beta=beta)
+        results.append(row)
+        results.append(spread_rows(rollouts, emit))
+    return results
+
+
+def main() -> int:
+    import argparse
+    import tempfile
+
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from video_grpo.bench.emit import emit
+
+    parser = argparse.ArgumentParser(
+        description="The twass rows alone: iou+format vs iou+twass+format GRPO from the learning benchmark's "
+        "cold start, per trainer seed (about 1 minute a seed on 2 idle cores)."
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="GRPO trainer seeds")
+    parser.add_argument("--steps", type=int, help="GRPO steps per arm (default: the benchmark's 80)")
+    parser.add_argument(
+        "--beta", type=float, default=1.0, help="the twass arm's beta (TimeLens2's recipe: 1)"
+    )
+    args = parser.parse_args()
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        seed_runs(Path(tmp), emit, args.seeds, args.steps, args.beta)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
