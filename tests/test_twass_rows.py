@@ -30,16 +30,18 @@ HITS = _group([(6.0, 9.0), (5.0, 8.0), (7.0, 8.0), (0.0, 1.0)])
 
 
 def test_misses_are_flat_under_iou_alone_and_ranked_with_twass():
-    alone = twass_rows.summed_rewards(MISSES, twass_rows.IOU_ALONE)
-    with_twass = twass_rows.summed_rewards(MISSES, twass_rows.WITH_TWASS)
+    scores = twass_rows.score_group(MISSES)
+    alone = twass_rows.summed_rewards(scores, twass_rows.IOU_ALONE)
+    with_twass = twass_rows.summed_rewards(scores, twass_rows.WITH_TWASS)
     assert alone == [0.0] * 4
     assert len(set(with_twass)) == 4 and all(0 < r < 1 for r in with_twass), with_twass
     assert with_twass[1] > with_twass[0] and with_twass[3] > with_twass[2]  # nearer misses get more
 
 
 def test_spread_counts_flat_groups_and_means_the_population_std():
-    alone = twass_rows.group_spread([MISSES, SAME, HITS], twass_rows.IOU_ALONE)
-    with_twass = twass_rows.group_spread([MISSES, SAME, HITS], twass_rows.WITH_TWASS)
+    scored = [twass_rows.score_group(group) for group in (MISSES, SAME, HITS)]
+    alone = twass_rows.group_spread(scored, twass_rows.IOU_ALONE)
+    with_twass = twass_rows.group_spread(scored, twass_rows.WITH_TWASS)
     assert alone["flat"] == 2 and with_twass["flat"] == 1  # SAME is flat under both
     hits = iou_reward(**HITS)
     mean = sum(hits) / 4

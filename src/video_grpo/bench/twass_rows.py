@@ -25,7 +25,7 @@ from the benchmark's cold start (the numbers in docs/learning.md).
 
 from __future__ import annotations
 
-import statistics
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +36,7 @@ from pathlib import Path
 ROLLOUT_RUNS = ("ours", "plain", "twass", "curation_curated", "curation_whole")
 WITH_TWASS = ("iou", "twass")  # TimeLens2 trains with twass1 + tiou (+ parse_penalty)
 IOU_ALONE = ("iou",)
+SCORED = ("iou", "twass", "format")  # every reward the rows sum
 FLAT_TOLERANCE = 1e-9  # rewards of one group closer than this are equal (float sums of equal terms)
 
 
@@ -63,24 +64,38 @@ def recording_rollouts(reward: Callable, groups: list[dict], group_size: int) ->
     return recorded
 
 
-def summed_rewards(group: dict, names: tuple[str, ...]) -> list[float]:
-    """Each answer's reward under the registry rewards ``names``, summed with weight 1 as TRL sums them."""
+def score_group(group: dict, names: tuple[str, ...] = SCORED) -> dict[str, list[float]]:
+    """Each answer's reward under every registry reward of ``names``: one scoring per group and reward, however
+    many sums are then made of them."""
     from video_grpo.rewards import REWARD_FUNCS
 
     columns = {"solution": group["solution"], "duration": group["duration"]}
-    per_reward = [REWARD_FUNCS[name](completions=group["completions"], **columns) for name in names]
-    return [sum(values) for values in zip(*per_reward, strict=True)]
+    return {name: REWARD_FUNCS[name](completions=group["completions"], **columns) for name in names}
 
 
-def group_spread(groups: list[dict], names: tuple[str, ...]) -> dict:
-    """Over ``groups``, scored with ``names``: the number of flat groups, and the mean within-group population
-    std and variance of the rewards."""
-    rewards = [summed_rewards(group, names) for group in groups]
+def summed_rewards(scores: dict[str, list[float]], names: tuple[str, ...]) -> list[float]:
+    """Each answer's reward under the rewards ``names`` (:func:`score_group`), summed with weight 1 as TRL sums
+    ``reward_funcs``."""
+    return [sum(values) for values in zip(*(scores[name] for name in names), strict=True)]
+
+
+def group_spread(scored: list[dict[str, list[float]]], names: tuple[str, ...]) -> dict:
+    """Over the scored groups, summing ``names``: the number of flat groups, and the mean within-group
+    population std and variance of the rewards (0 for no group)."""
+    rewards = [summed_rewards(scores, names) for scores in scored]
+    variances = [_population_variance(r) for r in rewards]
+    count = max(len(rewards), 1)
     return {
         "flat": sum(max(r) - min(r) < FLAT_TOLERANCE for r in rewards),
-        "std": sum(statistics.pstdev(r) for r in rewards) / len(rewards),
-        "variance": sum(statistics.pvariance(r) for r in rewards) / len(rewards),
+        "std": sum(math.sqrt(v) for v in variances) / count,
+        "variance": sum(variances) / count,
     }
+
+
+def _population_variance(values: list[float]) -> float:
+    """In floats: ``statistics.pvariance`` computes in exact fractions, seconds over a benchmark's groups."""
+    mean = sum(values) / len(values)
+    return sum((v - mean) ** 2 for v in values) / len(values)
 
 
 def _share(count: int, total: int) -> float:
@@ -90,20 +105,23 @@ def _share(count: int, total: int) -> float:
 def spread_rows(rollouts: dict[str, list[dict]], emit) -> dict:
     """``twass_flat_groups`` and ``twass_within_group_std`` over every group of ``rollouts`` (run name -> its
     recorded groups, :func:`recording_rollouts`), with the counts of each run beside."""
-    groups = [group for run in rollouts.values() for group in run]
-    total = len(groups)
-    with_twass, alone = group_spread(groups, WITH_TWASS), group_spread(groups, IOU_ALONE)
+    scored_by_run = {run: [score_group(group) for group in groups] for run, groups in rollouts.items()}
+    scored = [scores for run in scored_by_run.values() for scores in run]
+    total = len(scored)
+    with_twass, alone = group_spread(scored, WITH_TWASS), group_spread(scored, IOU_ALONE)
     with_format = {
-        "twass+iou+format": _share(group_spread(groups, (*WITH_TWASS, "format"))["flat"], total),
-        "iou+format": _share(group_spread(groups, (*IOU_ALONE, "format"))["flat"], total),
+        "twass+iou+format": _share(group_spread(scored, (*WITH_TWASS, "format"))["flat"], total),
+        "iou+format": _share(group_spread(scored, (*IOU_ALONE, "format"))["flat"], total),
     }
-    by_run = {}
-    for run, run_groups in rollouts.items():
-        by_run[run] = {
-            "groups": len(run_groups),
-            "flat_twass_iou": group_spread(run_groups, WITH_TWASS)["flat"] if run_groups else 0,
-            "flat_iou": group_spread(run_groups, IOU_ALONE)["flat"] if run_groups else 0,
+    by_run = {
+        run: {
+            "groups": len(run_scored),
+            "flat_twass_iou": group_spread(run_scored, WITH_TWASS)["flat"],
+            "flat_iou": group_spread(run_scored, IOU_ALONE)["flat"],
         }
+        for run, run_scored in scored_by_run.items()
+    }
+    groups = [group for run in rollouts.values() for group in run]
     same_spans = sum(len({repr(spans_of(text)) for text in g["completions"]}) == 1 for g in groups)
     flat = emit(
         "twass_flat_groups",
@@ -200,12 +218,13 @@ def seed_runs(work: Path, emit, seeds: list[int], steps: int | None = None, beta
 
 def main() -> int:
     import argparse
+    import os
     import tempfile
 
     import torch
     from transformers.utils import logging as hf_logging
 
-    from video_grpo.bench.emit import emit
+    from video_grpo.bench import emit as json_lines
 
     parser = argparse.ArgumentParser(
         description="The twass rows alone: iou+format vs iou+twass+format GRPO from the learning benchmark's "
@@ -217,11 +236,13 @@ def main() -> int:
         "--beta", type=float, default=1.0, help="the twass arm's beta (TimeLens2's recipe: 1)"
     )
     args = parser.parse_args()
+    json_lines.emit_stream = os.fdopen(os.dup(1), "w")  # JSON lines only on stdout: every other print,
+    os.dup2(2, 1)  # DeepSpeed's import-time warning and the trainers' logs included, goes to stderr
     hf_logging.set_verbosity_error()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        seed_runs(Path(tmp), emit, args.seeds, args.steps, args.beta)
+        seed_runs(Path(tmp), json_lines.emit, args.seeds, args.steps, args.beta)
     return 0
 
 
