@@ -83,7 +83,7 @@ def test_adversarial_completions_do_not_hang_or_raise(name):
         assert len(out) == 1 and isinstance(out[0], float) and math.isfinite(out[0])
 
 
-PIECES = [*"0123456789.:- tosecnd\n;,", "<think>", "</think>", "<answer>", "</answer>", " to ", "seconds"]
+PIECES = [*"0123456789.:- tosecnd\n;,[]", "<think>", "</think>", "<answer>", "</answer>", " to ", "seconds"]
 completion_text_strategy = st.lists(st.sampled_from(PIECES), max_size=80).map("".join) | st.text(max_size=200)
 
 
@@ -100,7 +100,7 @@ def test_rewards_never_raise_and_stay_in_range(completion, start, length, durati
     for name, func in REWARD_FUNCS.items():
         out = func(completions=completions, solution=[[start, start + length]], duration=[duration])
         assert len(out) == 1 and isinstance(out[0], float) and math.isfinite(out[0]), name
-        low = -1.0 if name == "length_penalty" else 0.0
+        low = -1.0 if name in ("length_penalty", "parse_penalty") else 0.0
         assert low <= out[0] <= 1.0 + 1e-9, (name, completion, out)
 
 

@@ -264,7 +264,8 @@ class GRPOScriptArguments:
             "help": "An answer written from the annotated span: the cold-start SFT target (video_grpo.sft) and, "
             "with gt_guidance, the guided answer. {start} and {end} are seconds, written with "
             "video_grpo.configs.ANSWER_DECIMALS (1) places in both, so the guided answer has the precision "
-            "the cold start teaches the policy; {sentence} is the query."
+            "the cold start teaches the policy; {spans} is every annotated span as [[S, E], ...] (TimeLens2's "
+            "JSON form; needed for multi-span solutions); {sentence} is the query."
         },
     )
 

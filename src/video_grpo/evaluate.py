@@ -19,7 +19,13 @@ Metric rules (``score``):
   text is used (so base models can be scored zero-shot); S > E is a parse failure;
 - a parse failure counts as IoU 0 and stays in the denominator;
 - R1@m is the percentage of queries with IoU >= m, for m = 0.3, 0.5, 0.7; mIoU is the mean IoU (in %);
-- with several true windows (QVHighlights), a query's IoU is the best IoU over its windows.
+- ``--span_scoring best_window`` (the default): one predicted span, the last; with several true windows
+  (QVHighlights), a query's IoU is the best IoU over its windows;
+- ``--span_scoring set`` (TimeLens2's evaluation, VLMEvalKit's multi-span IoU): every predicted span is read
+  (``S to E`` or the JSON ``[[S, E], ...]``), from the answer block or, without one, the whole text; the
+  predicted spans are merged, and IoU = sum of their overlaps with the true spans / the length of the union of
+  both sets. For one predicted and one true span this is the IoU above. (TimeLens2 leaves the true spans
+  unmerged; we merge them too, which differs only when true spans overlap each other.)
 """
 
 from __future__ import annotations
@@ -33,15 +39,24 @@ from tqdm.auto import tqdm
 
 from video_grpo import prefill
 from video_grpo.annotations import write_jsonl
+from video_grpo.answers import (
+    answer_block,
+    completion_text,
+    parse_answer_spans,
+    parse_span_in,
+    solution_spans,
+)
 from video_grpo.decode import CompiledDecoder, add_decode_arguments, evaluation_decoder
 from video_grpo.distributed import end_run, exit_process, process_state
 from video_grpo.families import detect_family, family_of_model
 from video_grpo.prefix import unforkable_layers
 from video_grpo.processing import encode_rows, generation_inputs, vision_placeholder_ids
-from video_grpo.rewards import answer_block, completion_text, parse_span_in, temporal_iou
+from video_grpo.rewards import temporal_iou
+from video_grpo.span_sets import union_iou
 
 THRESHOLDS = (0.3, 0.5, 0.7)
 DURATION_BUCKETS = ((0, 30), (30, 60), (60, 120), (120, float("inf")))
+SPAN_SCORINGS = ("best_window", "set")
 
 
 # -- scoring -----------------------------------------------------------------------------------------------
@@ -63,6 +78,27 @@ def query_iou(span: tuple[float, float] | None, solution) -> float:
     return max(temporal_iou(span, (float(s), float(e))) for s, e in windows)
 
 
+def parse_prediction_spans(output: str | None) -> list[tuple[float, float]] | None:
+    """Every span of the last ``<answer>`` block, else of the whole text; None on failure."""
+    return parse_answer_spans(output) if output else None
+
+
+def set_iou(spans: list[tuple[float, float]] | None, solution) -> float:
+    """TimeLens2's multi-span IoU of the predicted span set with the true one(s); 0 on a parse failure."""
+    return 0.0 if spans is None else union_iou(spans, solution_spans(solution))
+
+
+def score_output(output: str | None, solution, span_scoring: str = "best_window") -> tuple[float, bool]:
+    """``(IoU, parsed)`` of one answer under ``span_scoring`` (see the module docstring)."""
+    if span_scoring == "set":
+        spans = parse_prediction_spans(output)
+        return set_iou(spans, solution), spans is not None
+    if span_scoring != "best_window":
+        raise ValueError(f"span_scoring {span_scoring!r} is not one of {SPAN_SCORINGS}")
+    span = parse_prediction(output)
+    return query_iou(span, solution), span is not None
+
+
 def _summary(ious: list[float], failures: int) -> dict:
     n = len(ious)
     metrics = {f"R1@{m}": (100.0 * sum(iou >= m for iou in ious) / n if n else 0.0) for m in THRESHOLDS}
@@ -72,19 +108,19 @@ def _summary(ious: list[float], failures: int) -> dict:
     return metrics
 
 
-def score_records(records: list[dict]) -> dict:
+def score_records(records: list[dict], span_scoring: str = "best_window") -> dict:
     """Metrics from prediction records with ``output``, ``solution`` and ``duration``."""
     ious, failures, buckets = [], 0, {b: ([], [0]) for b in DURATION_BUCKETS}
     for record in records:
-        span = parse_prediction(record.get("output"))
-        iou = query_iou(span, record["solution"])
-        failures += span is None
+        iou, parsed = score_output(record.get("output"), record["solution"], span_scoring)
+        failures += not parsed
         ious.append(iou)
         for low, high in DURATION_BUCKETS:
             if low <= float(record["duration"]) < high:
                 buckets[(low, high)][0].append(iou)
-                buckets[(low, high)][1][0] += span is None
+                buckets[(low, high)][1][0] += not parsed
     metrics = _summary(ious, failures)
+    metrics["span_scoring"] = span_scoring
     metrics["by_duration"] = {
         (f"{low:g}-{high:g}s" if high != float("inf") else f">={low:g}s"): _summary(b_ious, b_fail[0])
         for (low, high), (b_ious, b_fail) in buckets.items()
@@ -166,7 +202,9 @@ def generate_answers(
     return processor.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
-def prediction_record(row: dict, output: str | None, error: str | None = None) -> dict:
+def prediction_record(
+    row: dict, output: str | None, error: str | None = None, span_scoring: str = "best_window"
+) -> dict:
     span = parse_prediction(output)
     solution = row.get("solution_raw") or row["solution"]
     record = {
@@ -177,7 +215,7 @@ def prediction_record(row: dict, output: str | None, error: str | None = None) -
         "solution": solution,
         "output": output,
         "span": list(span) if span else None,
-        "iou": query_iou(span, solution),
+        "iou": score_output(output, solution, span_scoring)[0],
     }
     if error:
         record["error"] = error
@@ -284,7 +322,11 @@ def generate_parts(
                     text_timestamps,
                     decoder,
                 )
-                records = [prediction_record(row, output) for row, output in zip(rows, outputs, strict=True)]
+                scoring = getattr(args, "span_scoring", "best_window")
+                records = [
+                    prediction_record(row, output, span_scoring=scoring)
+                    for row, output in zip(rows, outputs, strict=True)
+                ]
             except (
                 VideoReadError
             ) as err:  # one bad video must not end the run: it scores 0, in the denominator
@@ -328,7 +370,7 @@ def run_main(args: argparse.Namespace) -> int:
     state.wait_for_everyone()
     if state.is_main_process:
         ordered = merge_parts(out_dir, ids)
-        metrics = score_records(ordered)
+        metrics = score_records(ordered, args.span_scoring)
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
         print(json.dumps({k: v for k, v in metrics.items() if k != "by_duration"}))
     end_run()
@@ -336,7 +378,7 @@ def run_main(args: argparse.Namespace) -> int:
 
 
 def score_main(args: argparse.Namespace) -> int:
-    metrics = score_records(read_predictions(args.predictions))
+    metrics = score_records(read_predictions(args.predictions), args.span_scoring)
     text = json.dumps(metrics, indent=2)
     if args.output:
         Path(args.output).write_text(text)
@@ -373,6 +415,14 @@ def main(argv: list[str] | None = None) -> int:
     score = sub.add_parser("score", help="recompute metrics from a predictions file (no model)")
     score.add_argument("--predictions", required=True)
     score.add_argument("--output")
+    for command in (run, score):
+        command.add_argument(
+            "--span_scoring",
+            choices=SPAN_SCORINGS,
+            default="best_window",
+            help="best_window: the last predicted span, best IoU over the true windows; set: TimeLens2's "
+            "multi-span IoU of all predicted spans, merged, with all true spans",
+        )
     args = parser.parse_args(argv)
     return run_main(args) if args.command == "run" else score_main(args)
 

@@ -87,19 +87,24 @@ def _span_iou_rewards(
     parse: Callable[[object], tuple[float, float] | None], completions: list, solution: list, kwargs: dict
 ) -> list[float]:
     """Temporal IoU of each completion's span, read by ``parse`` and clipped to the video, with ``solution``; 0
-    when ``parse`` finds no span."""
+    when ``parse`` finds no span. A multi-span solution (a list of spans) is scored as a set: the union IoU of
+    the one span with all true spans (TimeLens2's ``tiou`` for a one-span answer)."""
     durations = _column(kwargs, "duration", len(completions))
     rewards = []
     for completion, gt, duration in zip(completions, solution, durations, strict=True):
         span = parse(completion)
-        rewards.append(
-            0.0 if span is None else temporal_iou(_clip(span, duration), (float(gt[0]), float(gt[1])))
-        )
+        if span is None:
+            rewards.append(0.0)
+        elif len(gt) and isinstance(gt[0], list | tuple):
+            rewards.append(union_iou([_clip(span, duration)], solution_spans(gt)))
+        else:
+            rewards.append(temporal_iou(_clip(span, duration), (float(gt[0]), float(gt[1]))))
     return rewards
 
 
 def iou_reward(completions: list, solution: list, **kwargs) -> list[float]:
-    """Temporal IoU of the answered span (clipped to the video) with ``solution``; 0 if unparsable."""
+    """Temporal IoU of the answered span (the last; clipped to the video) with ``solution`` (one span, or a
+    list scored as a set); 0 if unparsable."""
     return _span_iou_rewards(parse_span, completions, solution, kwargs)
 
 

@@ -91,8 +91,8 @@ def wasserstein1(pred: Sequence[Sequence[float]], truth: Sequence[Sequence[float
     def cumulative(pieces: list[tuple[float, float, float]]) -> list[float]:
         edges = [0.0]
         for _, _, mass in pieces:
-            edges.append(edges[-1] + mass)
-        edges[-1] = 1.0  # rounding must not leave a sliver of u uncovered
+            edges.append(min(1.0, edges[-1] + mass))  # rounding must not push an edge past 1 ...
+        edges[-1] = 1.0  # ... nor leave a sliver of u uncovered
         return edges
 
     edges_p, edges_t = cumulative(pred_pieces), cumulative(truth_pieces)
