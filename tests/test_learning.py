@@ -1,8 +1,9 @@
 """The full learning run (2.5 minutes on 2 idle cores, 8-14 under load): from one SFT checkpoint, GRPO with
 VideoGRPOTrainer must answer better with the real frames than with black ones, and gain more test mIoU than TRL's
-own GRPOTrainer with the same budget. It is the full run because no honest short variant was found: with 40 GRPO steps (``--quick``) our test
-mIoU was still in a dip below its start (-4.9 points), so a short run cannot tell. Deselect with
-`-m "not learning"`. Numbers and curves: docs/learning.md."""
+own GRPOTrainer with the same budget; TimeLens2's twass reward must leave at most a quarter of the flat groups
+flat on the same sampled answers. It is the full run because no honest short variant was found: with 40 GRPO
+steps (``--quick``) our test mIoU was still in a dip below its start (-4.9 points) in an earlier run, so a short
+run cannot tell. Deselect with `-m "not learning"`. Numbers and curves: docs/learning.md."""
 
 from __future__ import annotations
 
