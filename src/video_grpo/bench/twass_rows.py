@@ -31,8 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 # Re-scored groups: the GRPO runs that sample <think> answers to the task's single-span queries with the IoU
-# reward, unguided (guided groups hold the true answer, not the policy's). The answer-only run is left out: its
-# sentence is not an <answer> block, which twass and iou read.
+# reward, unguided (guided groups hold the true answer, not the policy's). The answer-only run is left out: it
+# trains with iou_answer_only on another answer form, not with iou.
 ROLLOUT_RUNS = ("ours", "plain", "twass", "curation_curated", "curation_whole")
 WITH_TWASS = ("iou", "twass")  # TimeLens2 trains with twass1 + tiou (+ parse_penalty)
 IOU_ALONE = ("iou",)
