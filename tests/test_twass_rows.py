@@ -9,6 +9,7 @@ import math
 import pytest
 
 from video_grpo.bench import twass_rows
+from video_grpo.bench.learning_runs import recording_rollouts
 from video_grpo.rewards import iou_reward
 
 
@@ -69,7 +70,7 @@ def test_rows_compare_the_same_groups():
 
 def test_recorder_returns_the_wrapped_reward_and_keeps_every_group():
     groups: list[dict] = []
-    recorded = twass_rows.recording_rollouts(iou_reward, groups, group_size=4)
+    recorded = recording_rollouts(iou_reward, groups, group_size=4)
     batch = {key: MISSES[key] + HITS[key] for key in MISSES}
     conversational = [[{"role": "assistant", "content": text}] for text in batch["completions"]]
     rewards = recorded(completions=conversational, solution=batch["solution"], duration=batch["duration"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -280,6 +281,30 @@ def recording_iou(group_stds: list[float], group_size: int):
     return iou_reward
 
 
+def recording_rollouts(reward: Callable, groups: list[dict], group_size: int) -> Callable:
+    """``reward`` (same ``__name__``, so the logs keep their keys, and the same values) that appends each group of
+    ``group_size`` consecutive answers it scores to ``groups``: their texts and the ``solution`` and ``duration``
+    columns. In one process the reward sees the whole generation batch, G consecutive rows per prompt."""
+    from video_grpo.rewards import completion_text
+
+    def recorded(completions, **kwargs) -> list[float]:
+        rewards = reward(completions=completions, **kwargs)
+        durations = kwargs.get("duration")
+        for start in range(0, len(completions), group_size):
+            rows = range(start, min(start + group_size, len(completions)))
+            groups.append(
+                {
+                    "completions": [completion_text(completions[i]) for i in rows],
+                    "solution": [kwargs["solution"][i] for i in rows],
+                    "duration": [durations[i] if durations is not None else None for i in rows],
+                }
+            )
+        return rewards
+
+    recorded.__name__ = reward.__name__
+    return recorded
+
+
 @contextlib.contextmanager
 def guidance_variant(**options):
     """Run ``VideoGRPOTrainer`` with :func:`video_grpo.guidance.group_advantages` ``options`` (``tau``,
@@ -321,7 +346,7 @@ def grpo(
     ``seed``: the trainer's seed (prompt order and sampling). ``answer_only``: the reward is ``iou_answer_only``
     alone (TimeLens: no format term); its log entries carry ``rewards/iou_reward/mean`` too, so every row reads
     the same key. ``rollouts``: if given, every group of sampled answers the IoU reward scores is appended to it
-    (:func:`video_grpo.bench.twass_rows.recording_rollouts`). ``extra_rewards``: registry names trained with
+    (:func:`recording_rollouts`, for :mod:`video_grpo.bench.twass_rows`). ``extra_rewards``: registry names trained with
     besides ``iou`` and ``format`` (weight 1 each, e.g. ``("twass",)``), with their parameters in
     ``extra_reward_params`` (``{"twass": {"beta": 3.0}}``)."""
     from transformers import AutoConfig, AutoProcessor
@@ -354,8 +379,6 @@ def grpo(
         answer_only_iou.__name__ = "iou_reward"  # TRL logs a reward under its name: the rows share one key
         accuracy = answer_only_iou
     if rollouts is not None:
-        from video_grpo.bench.twass_rows import recording_rollouts
-
         accuracy = recording_rollouts(accuracy, rollouts, args.num_generations)
     from video_grpo.rewards import resolve_reward_funcs
 

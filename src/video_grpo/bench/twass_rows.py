@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 # Re-scored groups: the GRPO runs that sample <think> answers to the task's single-span queries with the IoU
@@ -38,30 +37,6 @@ WITH_TWASS = ("iou", "twass")  # TimeLens2 trains with twass1 + tiou (+ parse_pe
 IOU_ALONE = ("iou",)
 SCORED = ("iou", "twass", "format")  # every reward the rows sum
 FLAT_TOLERANCE = 1e-9  # rewards of one group closer than this are equal (float sums of equal terms)
-
-
-def recording_rollouts(reward: Callable, groups: list[dict], group_size: int) -> Callable:
-    """``reward`` (same ``__name__``, so the logs keep their keys, and the same values) that appends each group of
-    ``group_size`` consecutive answers it scores to ``groups``: their texts and the ``solution`` and ``duration``
-    columns. In one process the reward sees the whole generation batch, G consecutive rows per prompt."""
-    from video_grpo.rewards import completion_text
-
-    def recorded(completions, **kwargs) -> list[float]:
-        rewards = reward(completions=completions, **kwargs)
-        durations = kwargs.get("duration")
-        for start in range(0, len(completions), group_size):
-            rows = range(start, min(start + group_size, len(completions)))
-            groups.append(
-                {
-                    "completions": [completion_text(completions[i]) for i in rows],
-                    "solution": [kwargs["solution"][i] for i in rows],
-                    "duration": [durations[i] if durations is not None else None for i in rows],
-                }
-            )
-        return rewards
-
-    recorded.__name__ = reward.__name__
-    return recorded
 
 
 def score_group(group: dict, names: tuple[str, ...] = SCORED) -> dict[str, list[float]]:
@@ -104,7 +79,7 @@ def _share(count: int, total: int) -> float:
 
 def spread_rows(rollouts: dict[str, list[dict]], emit) -> dict:
     """``twass_flat_groups`` and ``twass_within_group_std`` over every group of ``rollouts`` (run name -> its
-    recorded groups, :func:`recording_rollouts`), with the counts of each run beside."""
+    recorded groups, :func:`video_grpo.bench.learning_runs.recording_rollouts`), with the counts of each run beside."""
     scored_by_run = {run: [score_group(group) for group in groups] for run, groups in rollouts.items()}
     scored = [scores for run in scored_by_run.values() for scores in run]
     total = len(scored)
