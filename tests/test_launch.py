@@ -116,12 +116,12 @@ GUIDED = (
 )
 
 # The Qwen3-VL ZeRO-3 run fits itself, each rank to another budget (tests/launch_budgets.py: rank R's
-# auto_fit_memory_gb, as on cards of different memory): 0.3 GB for rank 0, where its plan fits as it is (0.191 GB
-# planned), and 0.15 GB for rank 1, under it (0.144 GB with the micro-batch halved, 0.158 GB with checkpointing
-# alone). Both ranks must apply the one fit for the smallest, rank 1's (a rank that kept its micro-batch would make
+# auto_fit_memory_gb, as on cards of different memory): 1.3 GB for rank 0, where its plan fits as it is (1.191 GB
+# planned), and 1.15 GB for rank 1, under it (1.144 GB with the micro-batch halved, 1.158 GB with checkpointing
+# alone). Each plan holds ZeRO-3's 1 GB gradient reduce bucket (video_grpo.plan.deepspeed_buffers). Both ranks must apply the one fit for the smallest, rank 1's (a rank that kept its micro-batch would make
 # other collective calls than one that halved it, and hang).
 AUTO_FIT = ("--auto_fit", "true")
-BUDGETS = "0.3,0.15"
+BUDGETS = "1.3,1.15"
 
 
 # The ZeRO-2 run checks its plan (video_grpo.memory_check) on rank 0, in live tensor bytes: under DeepSpeed the
@@ -173,17 +173,17 @@ def test_accelerate_launch_trains_and_saves(family_model, tmp_path, config, stag
         # one fit for both ranks, rank 1's budget's: each budget alone gives another fit (so the test can fail),
         # and each rank applied the fit the smaller budget gives alone
         fits = [__import__("json").loads((out / f"fit.rank{rank}.json").read_text()) for rank in (0, 1)]
-        assert [fit["budget_gb"] for fit in fits] == [0.3, 0.15], fits
+        assert [fit["budget_gb"] for fit in fits] == [1.3, 1.15], fits
         assert fits[0]["alone"] == {} and fits[1]["alone"] == record["after"], fits
         assert fits[0]["applied"] == fits[1]["applied"] == {**fits[1]["before"], **fits[1]["alone"]}, fits
-        assert record["device_memory_gb"] == 0.15, record
+        assert record["device_memory_gb"] == 1.15, record
         assert record["ranks"] == {
             "processes": 2,
             "rule": "every rank fits for the smallest device among the ranks",
             "fitted_for_rank": 1,
-            "memory_gb_by_rank": [0.3, 0.15],
+            "memory_gb_by_rank": [1.3, 1.15],
         }, record
-        assert "fitted for the smallest device among 2 ranks (rank 1's, 0.15 GB" in log
+        assert "fitted for the smallest device among 2 ranks (rank 1's, 1.15 GB" in log
     elif extra == PLAN_CHECK:
         check_deepspeed_plan_check(
             __import__("json").loads((out / "plan_check.json").read_text()), initial, log
