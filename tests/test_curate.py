@@ -349,3 +349,18 @@ def test_a_late_rank_splits_the_same_work(tiny_model_dir, tmp_path, monkeypatch)
     assert not errors, errors
     merged = merge_parts(tmp_path, ids, prefix="samples", num_samples=2)
     assert len(merged) == 6
+
+
+def test_set_scoring_reads_every_span_as_timelens2_does():
+    """A two-span truth: one answer names one of its spans, one names both, one does not parse. best_window scores
+    the first 1 (it matches a window); set scoring gives 10/20 = 0.5, 1 and 0 (TimeLens2's tIoU)."""
+    from video_grpo.curate import query_stats
+
+    query = {
+        "id": "q",
+        "solution": [[0.0, 10.0], [20.0, 30.0]],
+        "outputs": ["[[0.0, 10.0]]", "[[0.0, 10.0], [20.0, 30.0]]", "no idea"],
+    }
+    assert query_stats(query, "set")["ious"] == [0.5, 1.0, 0.0]
+    assert query_stats(query, "set")["parse_failures"] == 1
+    assert query_stats(query)["ious"][0] == 1.0

@@ -128,3 +128,18 @@ def test_set_scoring_equals_best_window_for_single_spans():
     }
     with pytest.raises(ValueError, match="span_scoring"):
         score_records(records, span_scoring="best")
+
+
+def test_tiou_reads_untagged_json_as_multi_span_iou_reads_a_tagged_answer():
+    """TimeLens2's tiou: the set IoU of every span, from the whole completion when it has no answer block (where
+    `iou` and `multi_span_iou` give 0)."""
+    from video_grpo.rewards import REWARD_FUNCS
+
+    solution = [[[10.0, 20.0], [30.0, 40.0]]]
+    for spans in ("[[10.0, 20.0]]", "[[12, 18], [30, 45]]", "[[50, 60]]"):
+        tagged = REWARD_FUNCS["multi_span_iou"](completions=[f"<answer>{spans}</answer>"], solution=solution)
+        assert REWARD_FUNCS["tiou"](completions=[spans], solution=solution) == tagged
+        assert REWARD_FUNCS["tiou"](completions=[f"<answer>{spans}</answer>"], solution=solution) == tagged
+        assert REWARD_FUNCS["multi_span_iou"](completions=[spans], solution=solution) == [0.0]
+    assert REWARD_FUNCS["tiou"](completions=["[[12, 18], [30, 45]]"], solution=solution)[0] == (6 + 10) / 25
+    assert REWARD_FUNCS["tiou"](completions=["no spans"], solution=solution) == [0.0]

@@ -13,6 +13,7 @@ import yaml
 
 from video_grpo.configs import validate_recipe
 from video_grpo.grpo import build_trainer, parse_args
+from video_grpo.rewards import render_solution, resolve_reward_funcs
 from video_grpo.trainer import VideoGRPOTrainer
 
 from .conftest import REPO, SAMPLES
@@ -79,3 +80,39 @@ def test_shipped_recipe_builds_a_trainer(recipe, family_model, tmp_path, caplog)
     if shipped.get("shared_prefix") is None:
         assert trainer.shared_prefix and trainer.shared_prefill, recipe.name
         assert "shared_prefix is off" not in caplog.text
+
+
+# Each built-in reward's score for an answer that is exactly right (its best).
+BEST_SCORE = {
+    "iou": 1.0,
+    "iou_answer_only": 1.0,
+    "iou_dist": 1.0,
+    "multi_span_iou": 1.0,
+    "tiou": 1.0,
+    "twass": 1.0,
+    "format": 1.0,
+    "format_soft": 1.0,
+    "length_penalty": 0.0,
+    "parse_penalty": 0.0,
+}
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: path.name)
+def test_shipped_rewards_give_their_best_to_the_recipes_own_answer(recipe):
+    """The recipe's answer template, written from the true span, is what its prompt asks for and what SFT teaches:
+    every reward the recipe names must give it its best score. (TimeLens2's untagged JSON answers once met `iou`,
+    which reads only an <answer> block and gave every one of them 0.)"""
+    from video_grpo.configs import GRPOScriptArguments
+
+    defaults = GRPOScriptArguments(train_file="unused")
+    shipped = yaml.safe_load(recipe.read_text())
+    names = shipped.get("reward_funcs") or defaults.reward_funcs
+    template = shipped.get("answer_template") or defaults.answer_template
+    funcs = resolve_reward_funcs(names, shipped.get("reward_kwargs"))
+    solutions = [[3.0, 7.5]] + ([[[3.0, 7.5], [12.0, 14.0]]] if "{spans}" in template else [])
+    for solution in solutions:
+        answer = render_solution(template, solution, "the person opens a door")
+        for name, func in zip(names, funcs, strict=True):
+            assert name in BEST_SCORE, f"{name}: add the reward's best score to BEST_SCORE"
+            got = func(completions=[answer], solution=[solution], duration=[20.0])[0]
+            assert got == pytest.approx(BEST_SCORE[name]), (recipe.name, name, answer, got)

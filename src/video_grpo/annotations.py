@@ -15,11 +15,12 @@ Formats (``dataset_format``; auto-detected when unset):
 - ``grounding_json``: ``{vid: {"duration", "timestamps", "sentences"}}``, the TimeZero/VideoChat-R1 Charades
   JSON and ActivityNet Captions (whose sentences often start with a space: all sentences are stripped);
 - ``qvhighlights``: QVHighlights JSONL, several ``relevant_windows`` per query;
-- ``timelens_100k``: TimeLens-100K JSONL (TencentARC/TimeLens), one video per line,
-  ``{"video_path", "duration", "source", "events": [{"query", "span"}, ...]}``: each event is one query, its id
-  the video path without extension plus ``_<n>`` (numbered over the file, like ``charades_txt``);
-- ``timelens_bench``: TimeLens-Bench JSON (Charades-, ActivityNet-, QVHighlights-TimeLens),
-  ``{video_id: {"duration", "spans", "queries"}}``, ``spans[i]`` answering ``queries[i]``; ids ``<video_id>_<i>``.
+- ``timelens_100k``, ``timelens_bench``, ``timelens2_93k``: the TimeLens family (TimeLens-100K, TimeLens-Bench,
+  TimeLens2-93K's raw annotations), read by :mod:`video_grpo.timelens_annotations`. TimeLens2-93K has no
+  durations: without ``durations_file`` each video's length is read from the video (frames / average fps).
+
+Span shape: ``solution`` is ``[s, e]`` when every query of the file has one span; when any has several (or the
+file is QVHighlights), every query's is a list of spans, ``[[s, e]]`` for one, since a dataset column holds one type.
 
 Policy, counted in :class:`DataReport`: a span with start >= end is skipped; an end past the video's
 duration (by more than 5 ms of float noise) is clamped to it (a start past it makes the span invalid); a missing video is listed. With
@@ -29,21 +30,47 @@ duration (by more than 5 ms of float noise) is clamped to it (a start past it ma
 from __future__ import annotations
 
 import csv
-import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from video_grpo.annotation_files import (
+    AnnotationError,
+    iter_jsonl_objects,
+    need_fields,
+    read_json_object,
+    read_jsonl_lines,
+    read_per_video_json,
+    write_jsonl,
+)
+from video_grpo.annotation_files import as_spans as _as_spans
+from video_grpo.timelens_annotations import (
+    read_timelens2_93k,
+    read_timelens_100k,
+    read_timelens_bench,
+    timelens_query,
+)
+
+__all__ = [
+    "AnnotationError",
+    "iter_jsonl_objects",
+    "timelens_query",
+    "write_jsonl",
+]  # re-exported: older imports
 
 # Ends within this much of the duration are float noise (ActivityNet stores 113.25999999999999 beside 113.26):
 # they are set to the duration without being counted as clamped.
 END_TOLERANCE_S = 0.005
-FORMATS = ("jsonl", "charades_txt", "grounding_json", "qvhighlights", "timelens_100k", "timelens_bench")
+FORMATS = (
+    "jsonl",
+    "charades_txt",
+    "grounding_json",
+    "qvhighlights",
+    "timelens_100k",
+    "timelens_bench",
+    "timelens2_93k",
+)
 DEFAULT_EXTENSIONS = (".mp4", ".webm", ".mkv", ".avi", ".mov")
-
-
-class AnnotationError(ValueError):
-    """Malformed or (in strict mode) policy-violating annotations. The message names the file and line."""
 
 
 @dataclass
@@ -75,42 +102,9 @@ class DataReport:
 # -- raw readers: each yields (where, id, video_key, duration, spans, sentence) ------------------------------
 
 
-def iter_jsonl_objects(path: str | Path, error: type[ValueError] = AnnotationError):
-    """``(line_no, "file:line", object)`` for each non-blank line; bad JSON or a non-object raises ``error``."""
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise error(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise error(f"{where}: expected a JSON object, got {type(record).__name__}")
-            yield line_no, where, record
-
-
-def write_jsonl(path: str | Path, records) -> None:
-    """One JSON object per line, the format every reader here takes."""
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(record) + "\n" for record in records)
-
-
-def _read_jsonl_lines(path: Path):
-    for _, where, record in iter_jsonl_objects(path):
-        yield where, record
-
-
-def _need(record: dict, keys: tuple[str, ...], where: str) -> None:
-    missing = [k for k in keys if k not in record]
-    if missing:
-        raise AnnotationError(f"{where}: missing field(s) {missing}; each record needs {list(keys)}")
-
-
 def _read_canonical(path: Path, durations: dict | None):
-    for where, record in _read_jsonl_lines(path):
-        _need(record, ("id", "video", "duration", "solution", "sentence"), where)
+    for where, record in read_jsonl_lines(path):
+        need_fields(record, ("id", "video", "duration", "solution", "sentence"), where)
         yield (
             where,
             str(record["id"]),
@@ -122,8 +116,8 @@ def _read_canonical(path: Path, durations: dict | None):
 
 
 def _read_qvhighlights(path: Path, durations: dict | None):
-    for where, record in _read_jsonl_lines(path):
-        _need(record, ("qid", "query", "duration", "vid", "relevant_windows"), where)
+    for where, record in read_jsonl_lines(path):
+        need_fields(record, ("qid", "query", "duration", "vid", "relevant_windows"), where)
         yield (
             where,
             str(record["qid"]),
@@ -134,75 +128,8 @@ def _read_qvhighlights(path: Path, durations: dict | None):
         )
 
 
-def _read_json_object(path: Path, shape: str) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise AnnotationError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from err
-    if not isinstance(data, dict):
-        raise AnnotationError(f"{path}: expected {shape}, got a JSON {type(data).__name__}")
-    return data
-
-
-def _read_per_video_json(path: Path, span_key: str, sentence_key: str):
-    """``{vid: {duration, <span_key>, <sentence_key>}}``: the grounding_json and timelens_bench layouts."""
-    data = _read_json_object(path, f"{{video_id: {{duration, {span_key}, {sentence_key}}}}}")
-    for vid, entry in data.items():
-        where = f"{path}: video {vid}"
-        if not isinstance(entry, dict):
-            raise AnnotationError(f"{where}: expected an object with duration, {span_key}, {sentence_key}")
-        _need(entry, ("duration", span_key, sentence_key), where)
-        spans, sentences = entry[span_key], entry[sentence_key]
-        if not isinstance(spans, list) or not isinstance(sentences, list) or len(spans) != len(sentences):
-            raise AnnotationError(
-                f"{where}: {span_key} and {sentence_key} must be lists of one length, got "
-                f"{len(spans) if isinstance(spans, list) else spans!r} and "
-                f"{len(sentences) if isinstance(sentences, list) else sentences!r}"
-            )
-        for index, (span, sentence) in enumerate(zip(spans, sentences, strict=True)):
-            yield f"{where} #{index}", f"{vid}_{index}", vid, entry["duration"], span, sentence
-
-
 def _read_grounding_json(path: Path, durations: dict | None):
-    yield from _read_per_video_json(path, "timestamps", "sentences")
-
-
-def timelens_query(query) -> str:
-    """A TimeLens query as their loader cleans it (timelens/dataset/timelens_data.py ``parse_query``): runs of
-    whitespace become one space, and trailing periods go, since the prompt quotes it inside a sentence."""
-    return re.sub(r"\s+", " ", str(query)).strip().strip(".").strip()
-
-
-def _read_timelens_bench(path: Path, durations: dict | None):
-    for where, query_id, vid, duration, span, query in _read_per_video_json(path, "spans", "queries"):
-        yield where, query_id, vid, duration, span, timelens_query(query)
-
-
-def _read_timelens_100k(path: Path, durations: dict | None):
-    counter: dict[str, int] = {}
-    for where, record in _read_jsonl_lines(path):
-        _need(record, ("video_path", "duration", "events"), where)
-        events = record["events"]
-        if not isinstance(events, list) or not events:
-            raise AnnotationError(
-                f"{where}: events must be a non-empty list of {{query, span}}, got {events!r}"
-            )
-        video = str(record["video_path"])
-        stem = str(Path(video).with_suffix(""))
-        for index, event in enumerate(events):
-            at = f"{where} event {index}"
-            if not isinstance(event, dict):
-                raise AnnotationError(f"{at}: expected {{query, span}}, got {event!r}")
-            _need(event, ("query", "span"), at)
-            number = counter[stem] = counter.get(stem, -1) + 1
-            yield (
-                at,
-                f"{stem}_{number}",
-                video,
-                record["duration"],
-                event["span"],
-                timelens_query(event["query"]),
-            )
+    yield from read_per_video_json(path, "timestamps", "sentences")
 
 
 def read_durations_csv(path: str | Path) -> dict[str, float]:
@@ -243,8 +170,9 @@ READERS = {
     "charades_txt": _read_charades_txt,
     "grounding_json": _read_grounding_json,
     "qvhighlights": _read_qvhighlights,
-    "timelens_100k": _read_timelens_100k,
-    "timelens_bench": _read_timelens_bench,
+    "timelens_100k": read_timelens_100k,
+    "timelens_bench": read_timelens_bench,
+    "timelens2_93k": read_timelens2_93k,
 }
 
 
@@ -254,13 +182,15 @@ def detect_format(path: str | Path) -> str:
     if path.suffix == ".txt":
         return "charades_txt"
     if path.suffix == ".json":
-        data = _read_json_object(path, "{video_id: {...}}")
+        data = read_json_object(path, "{video_id: {...}}")
         first = next(iter(data.values()), None)
         return "timelens_bench" if isinstance(first, dict) and "queries" in first else "grounding_json"
     if path.suffix == ".jsonl":
-        for _, record in _read_jsonl_lines(path):
+        for _, record in read_jsonl_lines(path):
             if "relevant_windows" in record:
                 return "qvhighlights"
+            if "video_id" in record and "annotations" in record:
+                return "timelens2_93k"
             return "timelens_100k" if "events" in record else "jsonl"
     raise AnnotationError(
         f"{path}: cannot tell the annotation format; set dataset_format to one of {FORMATS}"
@@ -289,24 +219,22 @@ def resolve_video(
     return video_root / f"{key}{extensions[0]}"
 
 
-def _as_spans(raw, where: str) -> list[list[float]]:
-    """Annotated span(s) as a list of [start, end] floats."""
-    if isinstance(raw, list | tuple) and len(raw) == 2 and not isinstance(raw[0], list | tuple):
-        raw = [raw]
-    if not isinstance(raw, list | tuple) or not raw:
-        raise AnnotationError(f"{where}: expected [start, end] or a list of them, got {raw!r}")
-    spans = []
-    for span in raw:
-        if not (isinstance(span, list | tuple) and len(span) == 2):
-            raise AnnotationError(f"{where}: expected [start, end], got {span!r}")
+def length_from_video(video: Path, spans: list[list[float]], lengths: dict[Path, float | None]) -> float:
+    """A video's length when the annotations carry none (TimeLens2-93K): frames / average fps, as TimeLens2's own
+    converter computes it (grpo/tools/prepare_timelens2_93k.py). ``lengths`` caches it per video over a file.
+
+    A missing or unreadable video cannot train, and ``data check`` lists it; its queries still count, with the
+    latest annotated end as their duration (so no span of theirs is clamped)."""
+    if video not in lengths:
+        from video_grpo.video import VideoReadError, probe_video
+
         try:
-            start, end = float(span[0]), float(span[1])
-        except (TypeError, ValueError) as err:
-            raise AnnotationError(f"{where}: span {span!r} is not numeric") from err
-        if not (math.isfinite(start) and math.isfinite(end)):
-            raise AnnotationError(f"{where}: span {span!r} is not finite")
-        spans.append([start, end])
-    return spans
+            header = probe_video(str(video))
+            lengths[video] = header["total_num_frames"] / header["fps"]
+        except VideoReadError:
+            lengths[video] = None
+    known = lengths[video]
+    return known if known is not None else max([end for _, end in spans] + [END_TOLERANCE_S])
 
 
 def load_annotations(
@@ -329,7 +257,11 @@ def load_annotations(
     root = Path(video_root).resolve() if video_root else path.resolve().parent
     report = DataReport()
     records, seen_videos, missing = [], set(), set()
+    lengths: dict[Path, float | None] = {}
     for where, query_id, video_key, duration, raw_spans, sentence in READERS[fmt](path, durations):
+        if duration is None:  # timelens2_93k without durations_file
+            video = resolve_video(root, video_key, tuple(video_extensions), allow_absolute_video_paths, where)
+            duration = length_from_video(video.resolve(), _as_spans(raw_spans, where), lengths)
         try:
             duration = float(duration)
         except (TypeError, ValueError) as err:
@@ -367,17 +299,21 @@ def load_annotations(
                 if strict:
                     raise AnnotationError(f"{where}: video {video} does not exist")
                 missing.add(str(video))
-        single = len(raw) == 1 and fmt != "qvhighlights"
         records.append(
             {
                 "id": query_id,
                 "video": str(video),
                 "duration": duration,
-                "solution": spans[0] if single else spans,
-                "solution_raw": raw[0] if single else raw,
+                "solution": spans,
+                "solution_raw": raw,
                 "sentence": str(sentence).strip(),
             }
         )
+    # One shape per file, as a dataset column holds one type: [s, e] when every query has one span, else every
+    # solution a list of spans (QVHighlights always).
+    if fmt != "qvhighlights" and all(len(r["solution_raw"]) == 1 for r in records):
+        for record in records:
+            record["solution"], record["solution_raw"] = record["solution"][0], record["solution_raw"][0]
     report.records, report.videos = len(records), len(seen_videos)
     report.missing_videos = sorted(missing)
     return records, report

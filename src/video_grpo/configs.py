@@ -65,12 +65,17 @@ class GRPOScriptArguments:
         default=None,
         metadata={
             "help": "Annotation format: jsonl, charades_txt, grounding_json (TimeZero/VideoChat Charades, "
-            "ActivityNet Captions), qvhighlights, timelens_100k or timelens_bench. Detected from the file when unset."
+            "ActivityNet Captions), qvhighlights, timelens_100k, timelens_bench or timelens2_93k. Detected from the "
+            "file when unset."
         },
     )
     durations_file: str | None = field(
         default=None,
-        metadata={"help": "Charades CSV whose 'length' column gives durations (charades_txt only)."},
+        metadata={
+            "help": "CSV with 'id' and 'length' columns giving each video's duration: the Charades CSV for "
+            "charades_txt (required there); for timelens2_93k, optional (id = video_id), else each video's length "
+            "is read from the video when the annotations load."
+        },
     )
     video_extensions: list[str] = field(
         default_factory=lambda: [".mp4", ".webm", ".mkv", ".avi", ".mov"],

@@ -12,7 +12,8 @@ already solves every time (mean IoU ~ 1): every answer in its group gets about t
 
 For each query the IoU of every answer is computed with ``evaluate``'s rules (span from the last ``<answer>``
 block, else the last ``S to E`` in the text; a parse failure is IoU 0; a query with several true windows
-takes its best), then its mean and population std over the k answers. A query is kept when
+takes its best; with ``--span_scoring set``, every answered span against every true span, TimeLens2's tIoU), then
+its mean and population std over the k answers. A query is kept when
 ``min_iou <= mean <= max_iou``; below is "too hard", above is "too easy". With ``--max_queries N`` and more
 than N in the band, the N whose mean is closest to ``--target_iou`` (default 0.5) are kept, ties broken by id;
 the rest are "capped". The curated file keeps the queries in their original order.
@@ -52,7 +53,7 @@ from pathlib import Path
 from video_grpo.annotations import iter_jsonl_objects, write_jsonl
 from video_grpo.decode import add_decode_arguments
 from video_grpo.distributed import end_run, exit_process, process_state
-from video_grpo.evaluate import parse_prediction, query_iou
+from video_grpo.evaluate import SPAN_SCORINGS, score_output
 
 STATUSES = ("kept", "too_hard", "too_easy", "capped", "not_drawn")
 RULES = ("band", "gaussian")
@@ -130,10 +131,10 @@ def read_samples(path: str | Path) -> list[dict]:
 # -- statistics and the band ---------------------------------------------------------------------------------
 
 
-def query_stats(query: dict) -> dict:
-    """IoU of each answer (evaluate's rules), their mean and population std."""
-    spans = [parse_prediction(output) for output in query["outputs"]]
-    ious = [query_iou(span, query["solution"]) for span in spans]
+def query_stats(query: dict, span_scoring: str = "best_window") -> dict:
+    """IoU of each answer (evaluate's rules, ``span_scoring`` among them), their mean and population std."""
+    scored = [score_output(output, query["solution"], span_scoring) for output in query["outputs"]]
+    ious = [iou for iou, _ in scored]
     mean = sum(ious) / len(ious)
     std = math.sqrt(sum((x - mean) ** 2 for x in ious) / len(ious))
     return {
@@ -142,7 +143,7 @@ def query_stats(query: dict) -> dict:
         "mean_iou": mean,
         "std_iou": std,
         "ious": ious,
-        "parse_failures": sum(span is None for span in spans),
+        "parse_failures": sum(not parsed for _, parsed in scored),
     }
 
 
@@ -256,6 +257,7 @@ def curate_queries(
     seed: int = 42,
     gaussian_mean: float = 0.05,
     gaussian_std: float = 0.2,
+    span_scoring: str = "best_window",
 ) -> dict:
     """Write per_query.jsonl, curated.jsonl, mean_iou_hist.png and summary.json; return the summary.
 
@@ -265,7 +267,7 @@ def curate_queries(
         raise ValueError(f"unknown rule {rule!r}; choose one of {list(RULES)}")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stats = [query_stats(q) for q in queries]
+    stats = [query_stats(q, span_scoring) for q in queries]
     if rule == "gaussian":
         assign_gaussian_status(stats, target_size, seed, gaussian_mean, gaussian_std)
         title = (
@@ -302,6 +304,7 @@ def curate_queries(
         "max_queries": max_queries,
         "target_iou": target_iou,
         "rule": rule,
+        "span_scoring": span_scoring,
         **(
             {
                 "target_size": target_size,
@@ -434,6 +437,13 @@ def main(argv: list[str] | None = None) -> int:
         "--gaussian_mean", type=float, default=0.05, help="gaussian: weight centre (TimeLens)"
     )
     parser.add_argument("--gaussian_std", type=float, default=0.2, help="gaussian: weight width (TimeLens)")
+    parser.add_argument(
+        "--span_scoring",
+        choices=SPAN_SCORINGS,
+        default="best_window",
+        help="how an answer's IoU is computed, as in evaluate: best_window, or set (every answered span against "
+        "every true span, TimeLens2's tIoU: use it for multi-span data and TimeLens2's draw weights)",
+    )
     args = parser.parse_args(argv)
     if bool(args.predictions) == bool(args.model_name_or_path):
         parser.error("give either --predictions or --model_name_or_path (with --config)")
@@ -477,6 +487,7 @@ def curate_main(args: argparse.Namespace, path: Path, video_root: str | None) ->
             seed=args.seed,
             gaussian_mean=args.gaussian_mean,
             gaussian_std=args.gaussian_std,
+            span_scoring=args.span_scoring,
         )
     except PredictionsError as err:
         print(f"error: {err}", file=sys.stderr)

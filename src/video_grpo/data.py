@@ -200,17 +200,39 @@ def build_datasets(script_args, family) -> tuple[Dataset, Dataset | None]:
 # -- python -m video_grpo.data check ------------------------------------------------------------------------
 
 
-def check_videos(report: DataReport, videos: list[str], sampling: SamplingConfig | None, quiet: bool) -> None:
-    """Open (or, with ``sampling``, decode) every present video; unreadable ones go into ``report``."""
+def check_videos(
+    report: DataReport,
+    videos: list[str],
+    sampling: SamplingConfig | None,
+    quiet: bool,
+    lengths: dict[str, float] | None = None,
+) -> None:
+    """Open (or, with ``sampling``, decode) every present video; unreadable ones go into ``report``. With
+    ``lengths``, each readable video's length (frames / average fps) is put in it, keyed by path."""
     missing = set(report.missing_videos)
     present = [v for v in videos if v not in missing]
     for video in tqdm(
         present, desc="decoding videos" if sampling else "reading headers", disable=quiet, unit="video"
     ):
         try:
-            read_video(video, sampling) if sampling else probe_video(video)
+            header = probe_video(video) if lengths is not None or not sampling else None
+            if sampling:
+                read_video(video, sampling)
+            if lengths is not None:
+                lengths[video] = header["total_num_frames"] / header["fps"]
         except VideoReadError as err:
             report.unreadable_videos.append(f"{video}: {err.reason}")
+
+
+def write_durations(path: str, lengths: dict[str, float], video_root: Path) -> None:
+    """``id,length`` rows, a ``durations_file``: the id is the video's path under ``video_root`` without its
+    extension (TimeLens2-93K's ``video_id``), so loading with it reads no video header."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("id,length\n")
+        for video, length in sorted(lengths.items()):
+            key = Path(video).with_suffix("")
+            key = key.relative_to(video_root) if key.is_relative_to(video_root) else key
+            f.write(f"{key},{length!r}\n")
 
 
 def format_summary(annotations: str, report: DataReport, decoded: bool) -> str:
@@ -271,7 +293,11 @@ def check_main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--annotations", help="annotation file (instead of --config)")
     parser.add_argument("--video_root")
-    parser.add_argument("--durations", help="Charades CSV with a 'length' column (for .txt annotations)")
+    parser.add_argument(
+        "--durations",
+        help="CSV with 'id' and 'length' columns: the Charades CSV (for .txt annotations), or one for "
+        "timelens2_93k (else its videos' lengths are read from the videos)",
+    )
     parser.add_argument("--format", dest="dataset_format")
     parser.add_argument("--strict", action="store_true", help="treat policy violations as errors")
     parser.add_argument(
@@ -286,6 +312,12 @@ def check_main(argv: list[str] | None = None) -> int:
         help="frame geometry for --decode; default: the recipe model's family (--config), else qwen2_5_vl",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+    parser.add_argument(
+        "--write_durations",
+        metavar="CSV",
+        help="also write each readable video's length (frames / fps) as id,length rows, id its path under the "
+        "video root without extension: a durations_file for timelens2_93k, which then reads no header at start",
+    )
     args = parser.parse_args(argv)
     if bool(args.config) == bool(args.annotations):
         parser.error("give exactly one of --config or --annotations")
@@ -341,7 +373,11 @@ def check_main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     videos = sorted({r["video"] for r in records})
-    check_videos(report, videos, sampling if args.decode else None, quiet=args.json)
+    lengths: dict[str, float] | None = {} if args.write_durations else None
+    check_videos(report, videos, sampling if args.decode else None, quiet=args.json, lengths=lengths)
+    if lengths is not None:
+        root = load_kwargs["video_root"] or Path(annotations).parent
+        write_durations(args.write_durations, lengths, Path(root).resolve())
     if args.json:
         print(json.dumps(report.as_dict()))
     else:

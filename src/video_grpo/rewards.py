@@ -28,6 +28,9 @@ TimeLens2's rewards (MCG-NJU/TimeLens2; its recipe trains with ``twass1,tiou,par
   distance, so a group of answers that all miss still gets an ordering. It reads the answer as
   :func:`video_grpo.answers.parse_answer_spans` does: the last ``<answer>`` block, or the whole completion
   when it has none (TimeLens2's answers are untagged JSON). 0 when nothing parses.
+- ``tiou``: the union IoU of every answered span with every true span (as ``multi_span_iou``), reading the
+  answer as ``twass`` does; TimeLens2's ``tiou``. Their presets need it rather than ``iou``: ``iou`` reads only an
+  ``<answer>`` block, so it gives 0 to every untagged JSON answer.
 - ``parse_penalty``: 0 when that answer parses, -1 when it does not.
 """
 
@@ -165,6 +168,20 @@ def twass_reward(completions: list, solution: list, beta: float = 1.0, **kwargs)
     return rewards
 
 
+def tiou_reward(completions: list, solution: list, **kwargs) -> list[float]:
+    """TimeLens2's ``tiou``: the union IoU of every answered span (clipped to the video) with ``solution`` (one
+    span or a list), the answer read as ``twass`` reads it (the last ``<answer>`` block, else the whole
+    completion); 0 when nothing parses."""
+    durations = _column(kwargs, "duration", len(completions))
+    rewards = []
+    for completion, gt, duration in zip(completions, solution, durations, strict=True):
+        spans = parse_answer_spans(completion)
+        rewards.append(
+            0.0 if spans is None else union_iou([_clip(sp, duration) for sp in spans], solution_spans(gt))
+        )
+    return rewards
+
+
 def parse_penalty_reward(completions: list, **kwargs) -> list[float]:
     """0 when the answer parses (:func:`video_grpo.answers.parse_answer_spans`), -1 when it does not."""
     return [0.0 if parse_answer_spans(completion) is not None else -1.0 for completion in completions]
@@ -219,6 +236,7 @@ REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
     "multi_span_iou": multi_span_iou_reward,
     "length_penalty": length_penalty_reward,
     "twass": twass_reward,
+    "tiou": tiou_reward,
     "parse_penalty": parse_penalty_reward,
 }
 

@@ -91,9 +91,11 @@ def run_curation(
     test,
     emit,
     budget: CurationBudget = CurationBudget(),
+    rollouts: dict[str, list[dict]] | None = None,
 ) -> dict:
     """The curation row from the benchmark's cold start ``start`` (see the module docstring); emits and returns
-    ``curation_signal``."""
+    ``curation_signal``. ``rollouts``: if given, each GRPO run's sampled groups go in it under ``curated`` and
+    ``whole`` (for :mod:`video_grpo.bench.twass_rows`)."""
 
     def dataset(name: str):
         return runs.task_dataset(data / f"{name}.jsonl")
@@ -118,6 +120,7 @@ def run_curation(
                 budget.steps,
                 group_stds=spread[name],
                 seed=budget.grpo_seed,
+                rollouts=None if rollouts is None else rollouts.setdefault(name, []),
             )
         test_miou = {name: runs.test_metrics(work / name, test)["mIoU"] for name in spread}
         start_miou = runs.test_metrics(curation_start, test)["mIoU"]

@@ -20,7 +20,11 @@ Reported (JSON lines, the benchmark schema):
   after vs before, beside the ``<think>`` setting's, and the tokens decoded per step in each (TRL's
   ``completions/mean_length`` x the 64 answers of a step);
 - ``curation_signal``: the mean within-group std of the IoU reward, training on the curated vs the whole of a pool
-  with a spread of difficulty, for the same steps (:mod:`video_grpo.bench.curation`).
+  with a spread of difficulty, for the same steps (:mod:`video_grpo.bench.curation`);
+- ``twass_flat_groups``, ``twass_within_group_std``: the share of flat groups and the within-group reward std,
+  ``twass`` + ``iou`` vs ``iou`` alone, on the same sampled groups of the runs above; ``twass_test_miou``: test
+  mIoU after a further GRPO run from the same start with ``twass`` added to the rewards, vs ours
+  (:mod:`video_grpo.bench.twass_rows`).
 """
 
 from __future__ import annotations
@@ -72,24 +76,42 @@ def _sft_start(work: Path, data: Path, budget, answer_only: bool) -> Path:
 
 
 def _ours(work: Path, data: Path, start: Path, steps: int) -> dict:
-    """VideoGRPOTrainer from the cold start, and the test metrics before and after, with real and black frames."""
+    """VideoGRPOTrainer from the cold start, and the test metrics before and after, with real and black frames;
+    its sampled groups (``rollouts``) for the twass rows."""
     train, test = runs.task_dataset(data / "train.jsonl"), runs.task_dataset(data / "test.jsonl")
+    rollouts: list[dict] = []
     with contextlib.redirect_stdout(sys.stderr):
         return {
             "before": runs.test_metrics(start, test),
             "before_blank": runs.test_metrics(start, runs.with_transform(test, runs.BlankFrames)),
-            "ours": runs.grpo(start, train, work / "ours", steps),
+            "ours": runs.grpo(start, train, work / "ours", steps, rollouts=rollouts),
             "after": runs.test_metrics(work / "ours", test),
             "blank": runs.test_metrics(work / "ours", runs.with_transform(test, runs.BlankFrames)),
+            "rollouts": rollouts,
         }
 
 
 def _plain(work: Path, data: Path, start: Path, steps: int) -> dict:
     """TRL's own GRPOTrainer from the same start, with the same budget, and its test metrics after."""
     train, test = runs.task_dataset(data / "train.jsonl"), runs.task_dataset(data / "test.jsonl")
+    rollouts: list[dict] = []
     with contextlib.redirect_stdout(sys.stderr):
-        history = runs.grpo(start, train, work / "plain", steps, plain=True)
-        return {"plain": history, "plain_after": runs.test_metrics(work / "plain", test)}
+        history = runs.grpo(start, train, work / "plain", steps, plain=True, rollouts=rollouts)
+        return {
+            "plain": history,
+            "plain_after": runs.test_metrics(work / "plain", test),
+            "rollouts": rollouts,
+        }
+
+
+def _twass(work: Path, data: Path, start: Path, steps: int) -> dict:
+    """VideoGRPOTrainer from the same start with TimeLens2's ``twass`` reward added to ``iou`` and ``format``, the
+    same steps and trainer seed, and its test metrics after."""
+    train, test = runs.task_dataset(data / "train.jsonl"), runs.task_dataset(data / "test.jsonl")
+    rollouts: list[dict] = []
+    with contextlib.redirect_stdout(sys.stderr):
+        history = runs.grpo(start, train, work / "twass", steps, rollouts=rollouts, extra_rewards=("twass",))
+        return {"history": history, "after": runs.test_metrics(work / "twass", test), "rollouts": rollouts}
 
 
 def _guided(work: Path, data: Path, start: Path, steps: int) -> list[dict]:
@@ -112,7 +134,9 @@ def _curation(work: Path, data: Path, train_records: list[dict], task, start: Pa
     from video_grpo.bench.emit import row as json_row
 
     test = runs.task_dataset(data / "test.jsonl")
-    return run_curation(work, data, train_records, task, start, test, json_row)
+    rollouts: dict[str, list[dict]] = {}
+    row = run_curation(work, data, train_records, task, start, test, json_row, rollouts=rollouts)
+    return {"row": row, "rollouts": rollouts}
 
 
 def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False, workers: int = 2) -> dict:
@@ -150,6 +174,7 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False, work
         jobs["ours"] = pool.submit(_ours, work, data, start, steps)
         jobs["answer_only"] = pool.submit(answer_only_runs, work, data, steps)
         jobs["plain"] = pool.submit(_plain, work, data, start, steps)
+        jobs["twass"] = pool.submit(_twass, work, data, start, steps)
         if budget.guided_steps:
             jobs["guided"] = pool.submit(_guided, work, data, start, budget.guided_steps)
         done = {name: job.result() for name, job in jobs.items()}
@@ -226,12 +251,14 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False, work
             goal="ratio > 1",
         )
     if budget.curate:
-        results["curation"] = emit_row(done["curation"])  # the row the curation worker made
+        results["curation"] = emit_row(done["curation"]["row"])  # the row the curation worker made
+    results.update(twass_rows(done, before, after, steps, emit))
     emit("learning_wall_time", time.perf_counter() - started, 15 * 60, "s (ours) vs the 15-minute budget")
     curves = {
         "ours": ours,
         "plain": plain,
         "guided": guided,
+        "twass": done["twass"]["history"],
         "before": before,
         "after": after,
         "blank": blank,
@@ -242,6 +269,20 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False, work
     if plot_to is not None:
         plot_learning(curves, plot_to)
     return results
+
+
+def twass_rows(done: dict, before: dict, after: dict, steps: int, emit) -> dict:
+    """The twass rows (:mod:`video_grpo.bench.twass_rows`) from the runs' results: the spread rows over the groups
+    every run in ``ROLLOUT_RUNS`` sampled, and the twass arm's test mIoU against ours."""
+    from video_grpo.bench import twass_rows as twass
+
+    found = {name: done[name]["rollouts"] for name in ("ours", "plain", "twass")}
+    found.update({f"curation_{k}": v for k, v in done.get("curation", {}).get("rollouts", {}).items()})
+    rollouts = {name: found[name] for name in twass.ROLLOUT_RUNS if name in found}
+    rows = twass.spread_rows(rollouts, emit)
+    seed = runs.GRPO_SETTINGS["seed"]
+    rows["twass_test_miou"] = twass.miou_row(emit, done["twass"]["after"], after, before, steps, seed)
+    return rows
 
 
 def decoded_per_step(history: list[dict]) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -280,6 +281,30 @@ def recording_iou(group_stds: list[float], group_size: int):
     return iou_reward
 
 
+def recording_rollouts(reward: Callable, groups: list[dict], group_size: int) -> Callable:
+    """``reward`` (same ``__name__``, so the logs keep their keys, and the same values) that appends each group of
+    ``group_size`` consecutive answers it scores to ``groups``: their texts and the ``solution`` and ``duration``
+    columns. In one process the reward sees the whole generation batch, G consecutive rows per prompt."""
+    from video_grpo.rewards import completion_text
+
+    def recorded(completions, **kwargs) -> list[float]:
+        rewards = reward(completions=completions, **kwargs)
+        durations = kwargs.get("duration")
+        for start in range(0, len(completions), group_size):
+            rows = range(start, min(start + group_size, len(completions)))
+            groups.append(
+                {
+                    "completions": [completion_text(completions[i]) for i in rows],
+                    "solution": [kwargs["solution"][i] for i in rows],
+                    "duration": [durations[i] if durations is not None else None for i in rows],
+                }
+            )
+        return rewards
+
+    recorded.__name__ = reward.__name__
+    return recorded
+
+
 @contextlib.contextmanager
 def guidance_variant(**options):
     """Run ``VideoGRPOTrainer`` with :func:`video_grpo.guidance.group_advantages` ``options`` (``tau``,
@@ -307,6 +332,9 @@ def grpo(
     group_stds: list[float] | None = None,
     seed: int = GRPO_SETTINGS["seed"],
     answer_only: bool = False,
+    rollouts: list[dict] | None = None,
+    extra_rewards: tuple[str, ...] = (),
+    extra_reward_params: dict[str, dict] | None = None,
     **trainer_kwargs,
 ) -> list[dict]:
     """GRPO with the ``iou`` and ``format`` rewards from ``model_dir``; returns the per-step log.
@@ -317,7 +345,10 @@ def grpo(
     appended to it (population std over the G answers to one prompt: the spread GRPO's advantages come from).
     ``seed``: the trainer's seed (prompt order and sampling). ``answer_only``: the reward is ``iou_answer_only``
     alone (TimeLens: no format term); its log entries carry ``rewards/iou_reward/mean`` too, so every row reads
-    the same key."""
+    the same key. ``rollouts``: if given, every group of sampled answers the IoU reward scores is appended to it
+    (:func:`recording_rollouts`, for :mod:`video_grpo.bench.twass_rows`). ``extra_rewards``: registry names trained with
+    besides ``iou`` and ``format`` (weight 1 each, e.g. ``("twass",)``), with their parameters in
+    ``extra_reward_params`` (``{"twass": {"beta": 3.0}}``)."""
     from transformers import AutoConfig, AutoProcessor
     from trl import GRPOConfig, GRPOTrainer
 
@@ -347,9 +378,14 @@ def grpo(
 
         answer_only_iou.__name__ = "iou_reward"  # TRL logs a reward under its name: the rows share one key
         accuracy = answer_only_iou
+    if rollouts is not None:
+        accuracy = recording_rollouts(accuracy, rollouts, args.num_generations)
+    from video_grpo.rewards import resolve_reward_funcs
+
+    extra = resolve_reward_funcs(list(extra_rewards), extra_reward_params)
     trainer = trainer_class(
         model=str(model_dir),
-        reward_funcs=[accuracy] if answer_only else [accuracy, format_reward],
+        reward_funcs=[accuracy, *extra] if answer_only else [accuracy, *extra, format_reward],
         args=args,
         train_dataset=data,
         processing_class=trainer_processor,

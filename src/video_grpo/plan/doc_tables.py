@@ -39,6 +39,8 @@ LABELS = {  # recipe -> its name in the tables, in the tables' order
     "tempsamp_r1_qwen2_5_vl_7b_charades": "TempSamp-R1 7B",
     "timelens_qwen2_5_vl_7b": "TimeLens-7B",
     "timelens_qwen3_vl_8b": "TimeLens-8B",
+    "timelens2_qwen3_vl_4b": "TimeLens2-4B",
+    "timelens2_qwen3_vl_8b": "TimeLens2-8B",
 }
 PLANNED_ON = "h100-80gb"  # the GPU a recipe's base plan is made for (memory does not depend on it)
 STEP_TIME_GPUS = ("h100-80gb", "h200-141gb")  # the fit tables' step times: an 80 GB and a 141 GB card
