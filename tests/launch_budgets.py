@@ -1,6 +1,6 @@
 """The training entry point launched with another auto-fit budget on each rank, as on cards of different memory:
 
-    accelerate launch ... tests/launch_budgets.py 0.3,0.15 --config ... --auto_fit true
+    accelerate launch ... tests/launch_budgets.py 1.3,1.15 --config ... --auto_fit true
 
 Rank R plans for the R-th budget (its ``--auto_fit_memory_gb``, which is the device memory a CPU run fits for);
 everything else is the real entry point. Each rank writes ``<output_dir>/fit.rank<R>.json``: its budget, the

@@ -35,6 +35,7 @@ PLAN_LAYERS = (  # the order a plan is made in (docs/internals.md lists them so)
     "fake_trace",
     "live_memory",
     "layers",
+    "deepspeed_buffers",  # DeepSpeed's own buffers (reduce bucket, the step's float32 gradients)
     "memory",
     "compute",
     "recipe",

@@ -497,3 +497,30 @@ def test_counting_flops_of_a_grouped_convolution_backward(transposed):
             assert stock == ours
         else:
             assert stock == (1 + groups) * forward  # what the fix is for
+
+
+def test_deepspeeds_buffers_live_where_deepspeed_allocates_them():
+    """DeepSpeed's own buffers (video_grpo.plan.deepspeed_buffers) by stage, on the 3B recipe's 8 GPUs: ZeRO-1/2's
+    1 GB reduce bucket (5e8 bf16 elements) only in the loss phase (the backward allocates and frees it), ZeRO-3's in
+    every phase (kept from the optimizer's construction), nothing without DeepSpeed; the optimizer step's float32
+    gradient partition (ZeRO-3: its flattened bf16 copy too), which offload moves to the host. The ZeRO-2 launch
+    (tests/test_launch.py) measures the loss phase's bucket on the CPU twin."""
+    from video_grpo.plan.memory import trainable_params
+    from video_grpo.plan.recipe import make_plan
+
+    shipped = plan_recipe("configs/grpo/qwen2_5_vl_3b_charades.yaml", "configs/accelerate/zero3.yaml")
+    bucket = 5e8 * 2
+    partition = trainable_params(shipped.shape, shipped.work) // 8
+    step = {1: partition * 4, 2: partition * 4, 3: partition * (2 + 4)}
+    for stage, offload in ((0, False), (1, False), (2, False), (3, False), (3, True)):
+        work = shipped.work.replace(zero_stage=stage, offload_optimizer=offload, offload_params=offload)
+        phases = make_plan(shipped.shape, work, shipped.gpu).memory.phases
+        buffers = {name: phase.by_category.get("deepspeed buffers", 0) for name, phase in phases.items()}
+        optimizer = 0 if (offload or not stage) else step[stage]
+        if stage == 0:
+            expected = dict.fromkeys(phases, 0)
+        elif stage < 3:
+            expected = {"generation": 0, "old_and_reference": 0, "loss": bucket, "optimizer": optimizer}
+        else:
+            expected = {**dict.fromkeys(phases, bucket), "optimizer": bucket + optimizer}
+        assert buffers == expected, (stage, offload, buffers)

@@ -98,6 +98,11 @@ def optimizer_tensors(optimizer) -> Iterator[torch.Tensor]:
         state = getattr(optimizer, "state", None)
         if isinstance(state, dict):
             yield from tensors_in(list(state.values()))
+        # a ZeRO optimizer's own buffers made before the step: ZeRO-3's reduce bucket (built with the optimizer,
+        # kept for the run) and its flat gradient partitions (video_grpo.plan.deepspeed_buffers)
+        for bucket in (getattr(optimizer, "ipg_buckets", None) or {}).values():
+            yield from tensors_in(getattr(bucket, "buffer", None))
+        yield from tensors_in(getattr(optimizer, "grad_partitions_flat_buffer", None))
         optimizer = getattr(optimizer, "optimizer", None)
 
 

@@ -15,7 +15,7 @@ from video_grpo.plan.recipe import GB, make_plan
 from video_grpo.plan.workload import recipe_values
 
 EXAMPLE = ("qwen2_5_vl_7b_charades", "a100-40gb")  # a recipe auto-fit changes on a card, and the card
-MICRO_BATCH = ("tempsamp_r1_qwen2_5_vl_7b_charades", "a100-40gb")  # one it fits by a smaller micro-batch
+MICRO_BATCH = ("tempsamp_r1_qwen2_5_vl_7b_charades", "a100-40gb")  # one it fits by a smaller micro-batch too
 STOPS = ("time_r1_qwen2_5_vl_7b_charades", "rtx4090-24gb")  # one whose loss keeps its micro-batch: it stops
 KIND_NAMES = {
     "checkpointing": "checkpointing",
@@ -117,20 +117,32 @@ def auto_fit_example(plans: DocPlans, fit: FitFunction) -> str:
 
 
 def other_recipes(plans: DocPlans, fit: FitFunction) -> str:
-    """The same card's other outcome (a smaller micro-batch), and a recipe that stops on a smaller card."""
+    """The same card's other outcome (a smaller micro-batch, with layer-by-layer gathering besides), and a recipe
+    that stops on a smaller card."""
     stem, gpu = MICRO_BATCH
     smaller = fitted(plans, fit, stem, gpu)
     require(smaller.after is not None, f"{stem} fits {gpu}")
+    micro_batch = {"per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation"}
     require(
-        set(smaller.fields)
-        <= {"per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation"},
-        f"{stem} fits by a smaller micro-batch",
+        set(smaller.fields) == micro_batch | {"ds3_gather_for_generation"},
+        f"{stem} fits by a smaller micro-batch and layer-by-layer gathering",
     )
-    fields = ", ".join(f"{name}: {value}" for name, value in smaller.fields.items())
+    halved_work, _ = apply_kinds(smaller.before.work, ["micro-batch"]) or (None, None)
+    require(halved_work is not None, f"{stem}'s micro-batch can be halved")
+    halved = make_plan(smaller.before.shape, halved_work, smaller.before.gpu)
+    require(
+        not halved.fits and halved.memory.peak_phase == "generation",
+        f"halving {stem}'s micro-batch alone leaves generation over the card",
+    )
+    fields = ", ".join(
+        f"{name}: {str(value).lower() if isinstance(value, bool) else value}"
+        for name, value in smaller.fields.items()
+    )
     text = (
         f"On the same card, `{stem}` ({smaller.before.memory.peak / GB:.2f} GB, in the "
-        f"{PHASE_NAMES[smaller.before.memory.peak_phase]} phase) gets a smaller micro-batch instead: `{fields}` "
-        f"({smaller.after.memory.peak / GB:.2f} GB)."
+        f"{PHASE_NAMES[smaller.before.memory.peak_phase]} phase) gets a smaller micro-batch as well: halving it "
+        f"alone leaves generation at {halved.memory.phases['generation'].peak / GB:.2f} GB, so auto-fit also "
+        f"gathers layer by layer: `{fields}` ({smaller.after.memory.peak / GB:.2f} GB)."
     )
     stem, gpu = STOPS
     stopped = fitted(plans, fit, stem, gpu)

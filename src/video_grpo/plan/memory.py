@@ -7,6 +7,9 @@ micro-batch, the optimizer step. Each phase reports its peak and what it is made
 - ``weights``: the policy's parameters (ZeRO-3: this rank's shard, plus the full copy gathered to generate);
 - ``gradients``, ``optimizer states`` (nothing on the GPU when offloaded), ``reference`` (a copy for beta > 0;
   LoRA's reference is the adapter switched off, no copy);
+- ``deepspeed buffers``: DeepSpeed's own, besides the model states (:mod:`video_grpo.plan.deepspeed_buffers`): the
+  gradient reduce bucket (ZeRO-1/2: during each backward; ZeRO-3: all step) and the optimizer step's float32
+  gradient partition;
 - ``kv cache`` (with ``decode_compile``'s CUDA graphs, the static cache all step); ``vision activations`` (pixels, the tower's saved tensors, cached features);
   ``lm activations`` (embeddings, masks, the decoder layers' saved tensors); ``logits and log-probs`` (the LM
   head's buffers, TRL's fused head on both paths).
@@ -19,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from video_grpo.plan.deepspeed_buffers import deepspeed_buffers
 from video_grpo.plan.layers import LayerCost, text_layer_cost, vision_block_cost, vision_tower_cost
 from video_grpo.plan.model import DEFAULT_LORA_TARGETS, ModelShape
 from video_grpo.plan.sizes import DTYPE_BYTES, step_sizes
@@ -28,6 +32,7 @@ CATEGORIES = (
     "weights",
     "gradients",
     "optimizer states",
+    "deepspeed buffers",
     "reference",
     "kv cache",
     "vision activations",
@@ -197,6 +202,7 @@ class StepWalk:
         self.b = DTYPE_BYTES[work.dtype]
         self.sizes = step_sizes(shape, work)
         self.states = model_states(shape, work)
+        self.deepspeed = deepspeed_buffers(work, trainable_params(shape, work))
         self.ledger = Ledger()
         self.tower_trains = work.training == "full"
         self.cached = (
@@ -226,6 +232,7 @@ class StepWalk:
         if self.device == "cpu":
             live["vision activations"] += self.pixels  # the rows' processed pixels, on the device all along
         live["kv cache"] = self.persistent_cache
+        live["deepspeed buffers"] = self.deepspeed.persistent
         phases = {
             "generation": self.generation(),
             "old_and_reference": self.old_and_reference(),
@@ -406,6 +413,9 @@ class StepWalk:
         live["logits and log-probs"] += saved
         ledger.moment(logits=head_backward(shape, work, tokens, sizes.scored, self.device))
         live["logits and log-probs"] -= saved
+        # the first parameter gradients have arrived: ZeRO-1/2's gradient hook allocates the reduce bucket, which
+        # the end of the backward releases
+        live["deepspeed buffers"] += self.deepspeed.backward
         # the head's gradient: tied to the input embedding, it waits in autograd's input buffer for the
         # embedding's (the engine sums the two); untied, it is the weight's gradient now
         head_grad = shape.vocab * shape.hidden * b if head_trains(work) else 0
@@ -444,9 +454,11 @@ class StepWalk:
             embedding = shape.vocab * shape.hidden * b
             ledger.moment(lm_activations=embedding * (2 if shape.tied else 1) + tokens * shape.hidden * b)
             live["logits and log-probs"] -= head_grad if shape.tied else 0
+        phase = ledger.take_phase()
         live["gradients"] = self.states["gradients"]
-        return ledger.take_phase()
+        live["deepspeed buffers"] -= self.deepspeed.backward
+        return phase
 
     def optimizer(self) -> PhaseMemory:
-        self.ledger.moment()
+        self.ledger.moment(deepspeed_buffers=self.deepspeed.step)
         return self.ledger.take_phase()
