@@ -265,17 +265,21 @@ def test_with_the_entropy_bonus_no_smaller_micro_batch_is_applied(tiny_model_dir
     assert training_args.per_device_train_batch_size == 8 and not (tmp_path / "auto_fit.json").exists()
 
 
-def test_dr_grpo_trains_on_the_smaller_micro_batch_it_was_fitted_to(tiny_model_dir, tmp_path):
-    """The issue's run, in-process: dr_grpo at 0.94 of its plan trains a step with micro-batch 4 x accumulation 2."""
+@pytest.mark.parametrize("loss_type", ["dr_grpo", "sapo"])
+def test_dr_grpo_and_sapo_train_on_the_smaller_micro_batch_they_were_fitted_to(
+    tiny_model_dir, tmp_path, loss_type
+):
+    """The issue's runs, in-process: dr_grpo, and sapo, at 0.94 of the plan train a step with micro-batch 4 x
+    accumulation 2."""
     import video_grpo.grpo as entry
 
-    budget = budget_at(tiny_model_dir, 0.94, gradient_checkpointing=True, loss_type="dr_grpo")
-    flags = ("--gradient_checkpointing", "true", "--loss_type", "dr_grpo", "--max_steps", "1")
+    budget = budget_at(tiny_model_dir, 0.94, gradient_checkpointing=True, loss_type=loss_type)
+    flags = ("--gradient_checkpointing", "true", "--loss_type", loss_type, "--max_steps", "1")
     entry.main(
         *arguments(tiny_model_dir, tmp_path, *flags, "--auto_fit", "true", "--auto_fit_memory_gb", budget)
     )
     saved = torch.load(tmp_path / "training_args.bin", weights_only=False)
     assert (saved.per_device_train_batch_size, saved.gradient_accumulation_steps) == (4, 2)
-    assert saved.generation_batch_size == 8 and saved.loss_type == "dr_grpo"
+    assert saved.generation_batch_size == 8 and saved.loss_type == loss_type
     history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
     assert [entry["step"] for entry in history if "loss" in entry] == [1]
