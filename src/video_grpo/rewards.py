@@ -136,50 +136,50 @@ def iou_dist_reward(completions: list, solution: list, **kwargs) -> list[float]:
     return rewards
 
 
+def _tagged_spans(completion) -> list[tuple[float, float]] | None:
+    """Every span of the last ``<answer>`` block; None without a block or a span."""
+    block = answer_block(completion_text(completion))
+    return parse_spans_in(block) if block is not None else None
+
+
+def _span_set_rewards(
+    completions: list,
+    solution: list,
+    columns: dict,
+    read: Callable[[object], list[tuple[float, float]] | None],
+    score: Callable[[list, list], float],
+) -> list[float]:
+    """``score(answered spans clipped to the video, true spans)`` per completion, the spans found by ``read``; 0 when
+    it finds none. The set rewards differ only in how they read an answer and score the two sets."""
+    durations = _column(columns, "duration", len(completions))
+    rewards = []
+    for completion, gt, duration in zip(completions, solution, durations, strict=True):
+        spans = read(completion)
+        rewards.append(score([_clip(sp, duration) for sp in spans], solution_spans(gt)) if spans else 0.0)
+    return rewards
+
+
 def multi_span_iou_reward(completions: list, solution: list, **kwargs) -> list[float]:
     """Union IoU of all answered spans with all true spans (QVHighlights-style ``relevant_windows``).
 
     ``solution`` may be one ``[start, end]`` or a list of them."""
-    durations = _column(kwargs, "duration", len(completions))
-    rewards = []
-    for completion, gt, duration in zip(completions, solution, durations, strict=True):
-        block = answer_block(completion_text(completion))
-        spans = parse_spans_in(block) if block is not None else None
-        if not spans:
-            rewards.append(0.0)
-            continue
-        rewards.append(union_iou([_clip(sp, duration) for sp in spans], solution_spans(gt)))
-    return rewards
+    return _span_set_rewards(completions, solution, kwargs, _tagged_spans, union_iou)
 
 
 def twass_reward(completions: list, solution: list, beta: float = 1.0, **kwargs) -> list[float]:
     """TimeLens2's temporal Wasserstein reward exp(-beta * W1 / L) of every answered span (clipped to the video)
     against ``solution`` (one span or a list); 0 when the answer does not parse. ``beta``: TimeLens2's released
     recipe uses 1 (``twass1``); set it with ``reward_kwargs: {twass: {beta: 1.0}}``."""
-    durations = _column(kwargs, "duration", len(completions))
-    rewards = []
-    for completion, gt, duration in zip(completions, solution, durations, strict=True):
-        spans = parse_answer_spans(completion)
-        rewards.append(
-            0.0
-            if spans is None
-            else twass_score([_clip(sp, duration) for sp in spans], solution_spans(gt), beta=beta)
-        )
-    return rewards
+    return _span_set_rewards(
+        completions, solution, kwargs, parse_answer_spans, functools.partial(twass_score, beta=beta)
+    )
 
 
 def tiou_reward(completions: list, solution: list, **kwargs) -> list[float]:
     """TimeLens2's ``tiou``: the union IoU of every answered span (clipped to the video) with ``solution`` (one
     span or a list), the answer read as ``twass`` reads it (the last ``<answer>`` block, else the whole
     completion); 0 when nothing parses."""
-    durations = _column(kwargs, "duration", len(completions))
-    rewards = []
-    for completion, gt, duration in zip(completions, solution, durations, strict=True):
-        spans = parse_answer_spans(completion)
-        rewards.append(
-            0.0 if spans is None else union_iou([_clip(sp, duration) for sp in spans], solution_spans(gt))
-        )
-    return rewards
+    return _span_set_rewards(completions, solution, kwargs, parse_answer_spans, union_iou)
 
 
 def parse_penalty_reward(completions: list, **kwargs) -> list[float]:

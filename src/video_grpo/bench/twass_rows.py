@@ -29,6 +29,8 @@ import math
 import sys
 from pathlib import Path
 
+from video_grpo.answers import parse_answer_spans
+
 # Re-scored groups: the GRPO runs that sample <think> answers to the task's single-span queries with the IoU
 # reward, unguided (guided groups hold the true answer, not the policy's). The answer-only run is left out: it
 # trains with iou_answer_only on another answer form, not with iou.
@@ -97,7 +99,7 @@ def spread_rows(rollouts: dict[str, list[dict]], emit) -> dict:
         for run, run_scored in scored_by_run.items()
     }
     groups = [group for run in rollouts.values() for group in run]
-    same_spans = sum(len({repr(spans_of(text)) for text in g["completions"]}) == 1 for g in groups)
+    same_spans = sum(len({repr(parse_answer_spans(text)) for text in g["completions"]}) == 1 for g in groups)
     flat = emit(
         "twass_flat_groups",
         _share(with_twass["flat"], total),
@@ -123,14 +125,6 @@ def spread_rows(rollouts: dict[str, list[dict]], emit) -> dict:
         goal="ratio >= 2",
     )
     return {"twass_flat_groups": flat, "twass_within_group_std": spread}
-
-
-def spans_of(text: str) -> list[tuple[float, float]] | None:
-    """The answer's spans as ``twass`` reads them (None: unparsable): groups whose answers all give the same
-    spans are flat under any reward."""
-    from video_grpo.answers import parse_answer_spans
-
-    return parse_answer_spans(text)
 
 
 def miou_row(
