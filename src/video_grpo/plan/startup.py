@@ -72,8 +72,14 @@ def fit_run(script_args, training_args, model_args) -> FitResult:
     rank's device (``auto_fit_memory_gb``, else its GPU) is gathered and all fit for the smallest
     (:mod:`video_grpo.plan.ranks`). A collective: every rank of a launch calls it. A CPU run needs
     ``auto_fit_memory_gb``."""
-    devices = gather_devices(run_device(training_args, script_args.auto_fit_memory_gb))
+    try:  # a rank that cannot read its device still gathers (None), or the others would wait for it
+        local, read_error = run_device(training_args, script_args.auto_fit_memory_gb), None
+    except Exception as err:  # noqa: BLE001 (raised below, after the ranks compared their choices)
+        local, read_error = None, err
+    devices = gather_devices(local)
     try:
+        if read_error is not None:
+            raise read_error
         result = fit_for_device(script_args, training_args, model_args, devices.gpu)
         choice = (result.fits, result.fields)
     except Exception as err:  # noqa: BLE001 (raised below, after the ranks compared their choices)
