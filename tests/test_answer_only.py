@@ -60,15 +60,20 @@ def test_iou_only_reward_scores_the_sentence_and_needs_no_tags():
     completions = [
         "The event happens in 0.0 - 10.0 seconds.",  # IoU with [5, 15]: 5/15
         [{"role": "assistant", "content": "The event happens in 5 - 15 seconds."}],  # conversational: 1
-        "The event happens in 25.0 - 40.0 seconds.",  # clipped to the 30 s video: [25, 30] vs [20, 30] = 0.5
+        "The event happens in 25.0 - 40.0 seconds.",  # past the 30 s video: [25, 40] vs [20, 30] = 5/20
         "I do not know.",  # 0
+        "The event happens in 1 - 3 seconds and 5 - 8 seconds.",  # two ranges: TimeLens scores the first
     ]
-    solution = [[5, 15], [5, 15], [20, 30], [1, 2]]
-    rewards = iou_answer_only_reward(completions, solution, duration=[30.0] * 4)
-    assert rewards == pytest.approx([1 / 3, 1.0, 0.5, 0.0])
+    solution = [[5, 15], [5, 15], [20, 30], [1, 2], [5, 8]]
+    # TimeLens's tiou_reward (the default reader): the first pair, nothing clipped
+    rewards = iou_answer_only_reward(completions, solution, duration=[30.0] * 5)
+    assert rewards == pytest.approx([1 / 3, 1.0, 0.25, 0.0, 0.0])
+    # our reader: the last span, clipped to the video ([25, 30] vs [20, 30] = 0.5)
+    ours = iou_answer_only_reward(completions, solution, duration=[30.0] * 5, reader="ours")
+    assert ours == pytest.approx([1 / 3, 1.0, 0.5, 0.0, 1.0])
     # the tagged IoU and the format reward give these answers nothing: that is why the setting has its own reward
-    assert iou_reward(completions, solution, duration=[30.0] * 4) == [0.0] * 4
-    assert format_reward(completions) == [0.0] * 4
+    assert iou_reward(completions, solution, duration=[30.0] * 5) == [0.0] * 5
+    assert format_reward(completions) == [0.0] * 5
     assert REWARD_FUNCS["iou_answer_only"] is iou_answer_only_reward
 
 

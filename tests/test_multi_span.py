@@ -3,6 +3,8 @@ as TimeLens2's evaluation scores span sets."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from video_grpo.answers import (
@@ -16,7 +18,7 @@ from video_grpo.answers import (
     render_solution,
 )
 from video_grpo.evaluate import score_records
-from video_grpo.rewards import REWARD_FUNCS, format_reward
+from video_grpo.rewards import REWARD_FUNCS, SET_REWARDS, format_reward
 
 
 def test_json_form_reads_beside_s_to_e():
@@ -40,8 +42,18 @@ def test_json_form_reads_beside_s_to_e():
 def test_json_answers_get_the_same_rewards_as_s_to_e_answers():
     ours = "<think>x</think><answer>3 to 7</answer>"
     json_form = "<think>x</think><answer>[[3, 7]]</answer>"
-    for name in ("iou", "format", "format_soft", "iou_dist", "multi_span_iou", "twass", "parse_penalty"):
-        func = REWARD_FUNCS[name]
+    for name in (
+        "iou",
+        "format",
+        "format_soft",
+        "iou_dist",
+        "multi_span_iou",
+        "twass",
+        "tiou",
+        "parse_penalty",
+    ):
+        # TimeLens2's rewards read JSON only by default (their reader); ours reads both forms
+        func = functools.partial(REWARD_FUNCS[name], **({"reader": "ours"} if name in SET_REWARDS else {}))
         assert func([json_form], solution=[[2, 8]], duration=[10.0]) == func(
             [ours], solution=[[2, 8]], duration=[10.0]
         ), name

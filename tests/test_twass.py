@@ -1,5 +1,6 @@
 """TimeLens2's temporal Wasserstein reward (`twass`) and `parse_penalty`: hand-computed values, the formula
-against an independent numerical computation, and the properties the issue asks for."""
+against an independent numerical computation, and the properties the issue asks for. L is the merged true length
+(TimeLens2 since f07353b) unless a test names the union normaliser (their earlier release, kept for ablations)."""
 
 from __future__ import annotations
 
@@ -63,14 +64,26 @@ def test_hand_computed_values():
     assert wasserstein1([(0, 1)], [(2, 3)]) == pytest.approx(2.0)  # a shift moves all mass by 2
     assert wasserstein1([(0, 2)], [(0, 1)]) == pytest.approx(0.5)  # |2u - u| over [0, 1]
     assert wasserstein1([(5, 5)], [(0, 10)]) == pytest.approx(2.5)  # a point: E|X - 5| for X ~ U[0, 10]
-    assert twass_score([(0, 1)], [(2, 3)]) == pytest.approx(math.exp(-2 / 2))
-    assert twass_score([(0, 1)], [(2, 3)], beta=3.0) == pytest.approx(math.exp(-3 * 2 / 2))
-    # two predicted spans against one: W1 = 1/8 + 11/8, L = 2
-    assert twass_score([(0, 1), (3, 4)], [(0, 1)]) == pytest.approx(math.exp(-1.5 / 2))
+    # L = the true length (1 here); with the union normaliser, the union of both sets (2)
+    assert twass_score([(0, 1)], [(2, 3)]) == pytest.approx(math.exp(-2 / 1))
+    assert twass_score([(0, 1)], [(2, 3)], normalizer="union") == pytest.approx(math.exp(-2 / 2))
+    assert twass_score([(0, 1)], [(2, 3)], beta=3.0) == pytest.approx(math.exp(-3 * 2 / 1))
+    # two predicted spans against one: W1 = 1/8 + 11/8, L = 1 (truth) or 2 (union)
+    assert twass_score([(0, 1), (3, 4)], [(0, 1)]) == pytest.approx(math.exp(-1.5 / 1))
+    assert twass_score([(0, 1), (3, 4)], [(0, 1)], normalizer="union") == pytest.approx(math.exp(-1.5 / 2))
     assert twass_score([(0, 1)], [(0, 1)]) == 1.0
-    # docs/rewards.md's examples
-    assert twass_score([(22, 32)], [(10, 20)]) == pytest.approx(math.exp(-12 / 20))
-    assert twass_score([(40, 50)], [(10, 20)]) == pytest.approx(math.exp(-30 / 20))
+    # docs/rewards.md's examples: a miss 2 s after a 10 s event, and one 20 s after it
+    assert twass_score([(22, 32)], [(10, 20)]) == pytest.approx(math.exp(-12 / 10))
+    assert twass_score([(40, 50)], [(10, 20)]) == pytest.approx(math.exp(-30 / 10))
+    assert twass_score([(22, 32)], [(10, 20)], normalizer="union") == pytest.approx(math.exp(-12 / 20))
+    # the issue's: a whole-video answer to a 3 s event in a 30 s video; W1 = 53/6 (|27u - 6| over [0, 1])
+    assert wasserstein1([(0, 30)], [(6, 9)]) == pytest.approx(53 / 6)
+    assert (
+        twass_score([(0, 30)], [(6, 9)])
+        == pytest.approx(math.exp(-53 / 18))
+        == pytest.approx(0.0526, abs=1e-4)
+    )
+    assert twass_score([(0, 30)], [(6, 9)], normalizer="union") == pytest.approx(0.745, abs=1e-3)
     assert twass_score([], [(0, 1)]) == 0.0
 
 
@@ -89,8 +102,9 @@ def test_hand_computed_values():
 def test_matches_an_independent_computation(pred, truth):
     w1 = wasserstein1(pred, truth)
     assert w1 == pytest.approx(grid_w1(pred, truth), rel=1e-4, abs=1e-6)
-    expected = math.exp(-w1 / grid_union(pred + truth))
-    assert twass_score(pred, truth) == pytest.approx(expected, rel=1e-4)
+    assert twass_score(pred, truth) == pytest.approx(math.exp(-w1 / grid_union(truth)), rel=1e-4)
+    union = math.exp(-w1 / grid_union(pred + truth))
+    assert twass_score(pred, truth, normalizer="union") == pytest.approx(union, rel=1e-4)
 
 
 def test_registry_reward_reads_every_span_and_penalises_unparsable_answers():
@@ -103,13 +117,18 @@ def test_registry_reward_reads_every_span_and_penalises_unparsable_answers():
         "<answer>3 to 2</answer>",  # S > E
         [{"role": "assistant", "content": "<answer>2 to 3</answer>"}],
     ]
+    # our reader (reward_kwargs {twass: {reader: ours}}): both span forms, tagged or not; W1 = 1.5, L = 1
+    rewards = twass(completions, [[0, 1]] * 6, duration=[20.0] * 6, reader="ours")
+    assert rewards[:3] == [pytest.approx(math.exp(-1.5))] * 3
+    assert rewards[3:5] == [0.0, 0.0] and rewards[5] == pytest.approx(math.exp(-2))
+    assert penalty(completions, reader="ours") == [0.0, 0.0, 0.0, -1.0, -1.0, 0.0]
+    # TimeLens2's reader (the default): JSON only; "0 to 1; 3 to 4" is prose to it
     rewards = twass(completions, [[0, 1]] * 6, duration=[20.0] * 6)
-    assert rewards[:3] == [pytest.approx(math.exp(-0.75))] * 3
-    assert rewards[3:5] == [0.0, 0.0] and rewards[5] == pytest.approx(math.exp(-1))
-    assert penalty(completions) == [0.0, 0.0, 0.0, -1.0, -1.0, 0.0]
+    assert rewards == [pytest.approx(math.exp(-1.5)), 0.0, pytest.approx(math.exp(-1.5)), 0.0, 0.0, 0.0]
+    assert penalty(completions) == [0.0, -1.0, 0.0, -1.0, -1.0, -1.0]
     # beta from reward_kwargs, as the YAML gives it
-    (bound,) = resolve_reward_funcs(["twass"], {"twass": {"beta": 3.0}})
-    assert bound(completions[5:], [[0, 1]], duration=[20.0]) == [pytest.approx(math.exp(-3))]
+    (bound,) = resolve_reward_funcs(["twass"], {"twass": {"beta": 3.0, "reader": "ours"}})
+    assert bound(completions[5:], [[0, 1]], duration=[20.0]) == [pytest.approx(math.exp(-6))]
     assert bound.__name__ == "twass_reward"
 
 
@@ -120,7 +139,9 @@ def test_matches_an_independent_computation_on_random_sets(pred, truth):
     # the grid's only error is where F_p - F_t changes sign inside a cell: at most |slope| * dx^2 / 4 each,
     # about 1e-7 here (slopes <= 8 per second, dx = 1/4000 s); a wrong formula is off by far more
     assert w1 == pytest.approx(grid_w1(pred, truth), rel=1e-6, abs=1e-5)
-    assert twass_score(pred, truth) == pytest.approx(math.exp(-w1 / grid_union(pred + truth)), rel=1e-9)
+    assert twass_score(pred, truth) == pytest.approx(math.exp(-w1 / grid_union(truth)), rel=1e-9)
+    union = math.exp(-w1 / grid_union(pred + truth))
+    assert twass_score(pred, truth, normalizer="union") == pytest.approx(union, rel=1e-9)
 
 
 @settings(max_examples=150, deadline=None)
@@ -210,7 +231,7 @@ def test_reward_gives_disjoint_answers_nonzero_distance_ordered_rewards_where_io
     answers = [f"<think>x</think><answer>{s} to {s + 5}</answer>" for s in (22, 30, 45, 70)]
     answers.append("<answer>[[90, 95], [96, 99]]</answer>")
     answers.append("<answer>[[95, 110]]</answer>")  # clipped to the 100 s video: [95, 100]
-    twass = REWARD_FUNCS["twass"](answers, [truth] * 6, duration=[100.0] * 6)
+    twass = REWARD_FUNCS["twass"](answers, [truth] * 6, duration=[100.0] * 6, reader="ours")
     iou = REWARD_FUNCS["iou"](answers, [truth] * 6, duration=[100.0] * 6)
     assert iou == [0.0] * 6
     assert all(r > 0 for r in twass) and twass[:5] == sorted(twass[:5], reverse=True)
@@ -220,3 +241,7 @@ def test_reward_gives_disjoint_answers_nonzero_distance_ordered_rewards_where_io
         ["<answer>[[0, 5], [20, 25]]</answer>"], [[[0, 5], [20, 25]]], duration=[100.0]
     )
     assert multi == [1.0]
+    # TimeLens2's reader clips nothing: the same [95, 110] is scored as written
+    (unclipped,) = REWARD_FUNCS["twass"](["[[95, 110]]"], [truth], duration=[100.0])
+    assert unclipped == pytest.approx(twass_score([(95, 110)], [truth]))
+    assert unclipped < twass[5]

@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import math
 import re
 from collections.abc import Callable
 
@@ -60,7 +61,20 @@ from video_grpo.answers import (  # noqa: F401  (re-exported: the rewards' publi
     render_solution,
     solution_spans,
 )
-from video_grpo.span_sets import twass_score, union_iou  # noqa: F401  (re-exported)
+from video_grpo.readers import (
+    check_reader,
+    plain_iou,
+    time_r1_format,
+    time_r1_iou,
+    time_r1_iou_dist,
+    time_r1_span,
+    timelens2_format,
+    timelens2_set_iou,
+    timelens2_spans,
+    timelens_first_span,
+    timelens_format,
+)
+from video_grpo.span_sets import NORMALIZERS, twass_score, union_iou  # noqa: F401  (re-exported)
 
 _FORMAT_RE = re.compile(
     r"\A\s*<think>(?:(?!</?think>|</?answer>).)*</think>\s*<answer>((?:(?!</?think>|</?answer>).)*)</answer>\s*\Z",
@@ -105,34 +119,69 @@ def _span_iou_rewards(
     return rewards
 
 
-def iou_reward(completions: list, solution: list, **kwargs) -> list[float]:
-    """Temporal IoU of the answered span (the last; clipped to the video) with ``solution`` (one span, or a
-    list scored as a set); 0 if unparsable."""
-    return _span_iou_rewards(parse_span, completions, solution, kwargs)
+def _authors_iou(reader: str, completion, gt) -> float:
+    """A one-span IoU as the recipe of ``reader`` computes it: its own span, unclipped (video_grpo.readers)."""
+    text = completion_text(completion)
+    windows = solution_spans(gt)
+    if reader == "time_r1":
+        span = time_r1_span(text)
+        return 0.0 if span is None else max(time_r1_iou(span, window) for window in windows)
+    span = timelens_first_span(text)  # TimeLens scores its first true span ("gt = gt[0]")
+    return 0.0 if span is None else plain_iou(windows[0], span)
 
 
-def iou_answer_only_reward(completions: list, solution: list, **kwargs) -> list[float]:
-    """TimeLens's reward: temporal IoU of the answer-only span (:func:`parse_answer_only`), clipped to the video,
-    with ``solution``; 0 if no span. No tags are needed, so pair it with no ``format`` reward."""
-    return _span_iou_rewards(parse_answer_only, completions, solution, kwargs)
+def iou_reward(completions: list, solution: list, reader: str = "ours", **kwargs) -> list[float]:
+    """Temporal IoU of the answered span with ``solution`` (one span, or a list scored as a set); 0 if unparsable.
+
+    ``reader`` (video_grpo.readers): ``ours`` (the last span of the last ``<answer>`` block, clipped to the
+    video), ``time_r1`` (Time-R1's and TimeZero's ``iou``: the last ``S to E``/``S and E`` of the last block, as
+    written, unclipped) or ``timelens`` (TimeLens's ``tiou``: the first pair, unclipped)."""
+    if reader == "ours":
+        return _span_iou_rewards(parse_span, completions, solution, kwargs)
+    return [_authors_iou(reader, c, gt) for c, gt in zip(completions, solution, strict=True)]
 
 
-def iou_dist_reward(completions: list, solution: list, **kwargs) -> list[float]:
+def iou_answer_only_reward(
+    completions: list, solution: list, reader: str = "timelens", **kwargs
+) -> list[float]:
+    """TimeLens's reward for answer-only sentences (``The event happens in S - E seconds.``), with no format term.
+
+    ``reader``: ``timelens`` (the default: TimeLens's ``tiou_reward`` exactly; the first pair its parser finds,
+    start >= end scores 0, nothing clipped) or ``ours`` (the last span, clipped to the video; our rule before
+    issue 44)."""
+    if reader == "ours":
+        return _span_iou_rewards(parse_answer_only, completions, solution, kwargs)
+    return [_authors_iou("timelens", c, gt) for c, gt in zip(completions, solution, strict=True)]
+
+
+def iou_dist_reward(completions: list, solution: list, reader: str = "ours", **kwargs) -> list[float]:
     """IoU x (1 - |dS|/D) x (1 - |dE|/D): sharper credit near the true boundaries; 0 when IoU is 0.
 
-    D is the video duration (falls back to the larger span end when unknown)."""
+    D is the video duration (the larger span end when unknown). With several true spans (a multi-span
+    solution), the best over them, as evaluation's best_window. ``reader``: ``ours`` (the last span, clipped to
+    the video, factors floored at 0) or ``time_r1`` (Time-R1's ``iou_v2`` exactly: its own span, unclipped, no
+    floor)."""
     durations = _column(kwargs, "duration", len(completions))
     rewards = []
     for completion, gt, duration in zip(completions, solution, durations, strict=True):
-        span = parse_span(completion)
+        windows = solution_spans(gt)
+        if reader == "time_r1":
+            span = time_r1_span(completion_text(completion))
+        else:
+            span = parse_span(completion)
+            span = None if span is None else _clip(span, duration)
         if span is None:
             rewards.append(0.0)
             continue
-        start, end = _clip(span, duration)
-        gs, ge = float(gt[0]), float(gt[1])
-        d = float(duration) if duration and duration > 0 else max(end, ge, 1e-6)
-        iou = temporal_iou((start, end), (gs, ge))
-        rewards.append(iou * max(0.0, 1 - abs(start - gs) / d) * max(0.0, 1 - abs(end - ge) / d))
+        scores = []
+        for gs, ge in windows:
+            d = float(duration) if duration and duration > 0 else max(span[1], ge, 1e-6)
+            if reader == "time_r1":
+                scores.append(time_r1_iou_dist(span, (gs, ge), d))
+                continue
+            iou = temporal_iou(span, (gs, ge))
+            scores.append(iou * max(0.0, 1 - abs(span[0] - gs) / d) * max(0.0, 1 - abs(span[1] - ge) / d))
+        rewards.append(max(scores))
     return rewards
 
 
@@ -159,6 +208,18 @@ def _span_set_rewards(
     return rewards
 
 
+def _timelens2_set_rewards(
+    completions: list, solution: list, score: Callable[[list, list], float]
+) -> list[float]:
+    """``score(answered spans, true spans)`` with TimeLens2's reading (video_grpo.readers.timelens2_spans):
+    nothing clipped, 0 when the answer gives no valid span set."""
+    rewards = []
+    for completion, gt in zip(completions, solution, strict=True):
+        spans = timelens2_spans(completion_text(completion))
+        rewards.append(0.0 if spans is None else score(spans, solution_spans(gt)))
+    return rewards
+
+
 def multi_span_iou_reward(completions: list, solution: list, **kwargs) -> list[float]:
     """Union IoU of all answered spans with all true spans (QVHighlights-style ``relevant_windows``).
 
@@ -166,25 +227,48 @@ def multi_span_iou_reward(completions: list, solution: list, **kwargs) -> list[f
     return _span_set_rewards(completions, solution, kwargs, _tagged_spans, union_iou)
 
 
-def twass_reward(completions: list, solution: list, beta: float = 1.0, **kwargs) -> list[float]:
-    """TimeLens2's temporal Wasserstein reward exp(-beta * W1 / L) of every answered span (clipped to the video)
-    against ``solution`` (one span or a list); 0 when the answer does not parse. ``beta``: TimeLens2's released
-    recipe uses 1 (``twass1``); set it with ``reward_kwargs: {twass: {beta: 1.0}}``."""
-    return _span_set_rewards(
-        completions, solution, kwargs, parse_answer_spans, functools.partial(twass_score, beta=beta)
-    )
+def twass_reward(
+    completions: list,
+    solution: list,
+    beta: float = 1.0,
+    reader: str = "timelens2",
+    normalizer: str = "truth",
+    **kwargs,
+) -> list[float]:
+    """TimeLens2's temporal Wasserstein reward exp(-beta * W1 / L) of every answered span against ``solution``
+    (one span or a list); 0 when the answer gives no span.
+
+    ``beta``: TimeLens2's released recipe uses 1 (``twass1``). ``normalizer``: L is the merged true length
+    (``truth``, TimeLens2 since f07353b, the default) or the union of both sets (``union``, their earlier
+    release: broad answers enlarge it and lose little; for ablations). ``reader``: ``timelens2`` (the default:
+    their JSON reading, nothing clipped) or ``ours`` (our parser, clipped to the video; for ``S to E`` tasks).
+    Set them with ``reward_kwargs: {twass: {beta: 1.0}}``."""
+
+    def score(pred: list, truth: list) -> float:
+        if not all(math.isfinite(v) for span in pred for v in span):
+            return 0.0  # a JSON 1e400 is inf: their reward is NaN there, which TRL's sum skips, as it does 0
+        return twass_score(pred, truth, beta=beta, normalizer=normalizer)
+
+    if reader == "timelens2":
+        return _timelens2_set_rewards(completions, solution, score)
+    return _span_set_rewards(completions, solution, kwargs, parse_answer_spans, score)
 
 
-def tiou_reward(completions: list, solution: list, **kwargs) -> list[float]:
-    """TimeLens2's ``tiou``: the union IoU of every answered span (clipped to the video) with ``solution`` (one
-    span or a list), the answer read as ``twass`` reads it (the last ``<answer>`` block, else the whole
-    completion); 0 when nothing parses."""
+def tiou_reward(completions: list, solution: list, reader: str = "timelens2", **kwargs) -> list[float]:
+    """TimeLens2's ``tiou``: the set IoU of every answered span with ``solution`` (one span or a list); 0 when
+    nothing parses. ``reader``: ``timelens2`` (the default: their reading and their set IoU, which merges the
+    answered spans but not the true ones, nothing clipped) or ``ours`` (our parser, both sets merged, clipped to
+    the video)."""
+    if reader == "timelens2":
+        return _timelens2_set_rewards(completions, solution, timelens2_set_iou)
     return _span_set_rewards(completions, solution, kwargs, parse_answer_spans, union_iou)
 
 
-def parse_penalty_reward(completions: list, **kwargs) -> list[float]:
-    """0 when the answer parses (:func:`video_grpo.answers.parse_answer_spans`), -1 when it does not."""
-    return [0.0 if parse_answer_spans(completion) is not None else -1.0 for completion in completions]
+def parse_penalty_reward(completions: list, reader: str = "timelens2", **kwargs) -> list[float]:
+    """0 when the answer gives a span set, -1 when it does not, read by ``reader`` (``timelens2``, the default,
+    or ``ours``: :func:`video_grpo.answers.parse_answer_spans`)."""
+    read = parse_answer_spans if reader == "ours" else (lambda c: timelens2_spans(completion_text(c)))
+    return [0.0 if read(completion) is not None else -1.0 for completion in completions]
 
 
 def length_penalty_reward(completions: list, max_think_words: int = 256, **kwargs) -> list[float]:
@@ -202,8 +286,17 @@ def length_penalty_reward(completions: list, max_think_words: int = 256, **kwarg
     return rewards
 
 
-def format_reward(completions: list, **kwargs) -> list[float]:
-    """1.0 for exactly ``<think>...</think><answer>S to E</answer>`` (whitespace allowed), else 0."""
+_AUTHORS_FORMAT = {"time_r1": time_r1_format, "timelens": timelens_format, "timelens2": timelens2_format}
+
+
+def format_reward(completions: list, reader: str = "ours", **kwargs) -> list[float]:
+    """1.0 for exactly ``<think>...</think><answer>S to E</answer>`` (whitespace allowed), else 0.
+
+    ``reader``: ``ours`` (that, with a parsable span), ``time_r1`` (Time-R1's and TimeZero's tags-only check of
+    the stripped text), ``timelens`` (TimeLens's, unstripped) or ``timelens2`` (``<thinking>`` tags)."""
+    if reader != "ours":
+        check = _AUTHORS_FORMAT[reader]
+        return [1.0 if check(completion_text(c)) else 0.0 for c in completions]
     rewards = []
     for completion in completions:
         match = _FORMAT_RE.match(completion_text(completion))
@@ -240,6 +333,67 @@ REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
     "parse_penalty": parse_penalty_reward,
 }
 
+# The readers each built-in reward defines (video_grpo.readers), its default first.
+REWARD_READERS: dict[str, tuple[str, ...]] = {
+    "iou": ("ours", "time_r1", "timelens"),
+    "iou_answer_only": ("timelens", "ours"),
+    "iou_dist": ("ours", "time_r1"),
+    "format": ("ours", "time_r1", "timelens", "timelens2"),
+    "twass": ("timelens2", "ours"),
+    "tiou": ("timelens2", "ours"),
+    "parse_penalty": ("timelens2", "ours"),
+}
+# The rewards that read every span of an answer: their reader is the one evaluation's and curation's "set" scoring
+# use for the recipe (video_grpo.rewards.recipe_reader).
+SET_REWARDS = ("tiou", "twass", "parse_penalty")
+
+
+def _positive_number(value) -> bool:
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    )
+
+
+def check_params(name: str, params: dict) -> None:
+    """Refuse a bad parameter value of a built-in reward when the recipe is parsed, not at the first reward call
+    (after the model has loaded). The message names the reward_kwargs entry and the allowed values."""
+    where = f"reward_kwargs: {{{name}: {params}}}"
+    if "reader" in params:
+        check_reader(params["reader"], REWARD_READERS.get(name, ("ours",)), name)
+    if "beta" in params and not _positive_number(params["beta"]):
+        raise ValueError(
+            f"{where}: beta must be a positive number (TimeLens2's twass1: 1.0), got {params['beta']!r}"
+        )
+    if "normalizer" in params and params["normalizer"] not in NORMALIZERS:
+        raise ValueError(
+            f"{where}: normalizer must be one of {list(NORMALIZERS)}, got {params['normalizer']!r}"
+        )
+    if "max_think_words" in params and not (
+        _positive_number(params["max_think_words"]) and float(params["max_think_words"]).is_integer()
+    ):
+        raise ValueError(
+            f"{where}: max_think_words must be a positive whole number, got {params['max_think_words']!r}"
+        )
+
+
+def reader_of(name: str, params: dict | None) -> str | None:
+    """The reader a built-in reward uses with these parameters; None for a reward with no reader."""
+    if name not in REWARD_READERS:
+        return None
+    return (params or {}).get("reader", REWARD_READERS[name][0])
+
+
+def recipe_reader(names: list[str], params: dict[str, dict] | None = None) -> str:
+    """The reader a recipe's set rewards (tiou, twass, parse_penalty) use, so that evaluation and curation read its
+    answers as training does; ``ours`` when it has none. They must agree."""
+    readers = {reader_of(n, (params or {}).get(n)) for n in names if n in SET_REWARDS}
+    if len(readers) > 1:
+        raise ValueError(
+            f"reward_kwargs: the set rewards of {names} read answers with different readers {sorted(readers)}; "
+            "give them one reader, so that training, evaluation and curation read an answer the same way"
+        )
+    return readers.pop() if readers else "ours"
+
 
 def bind_params(func: Callable, params: dict) -> Callable:
     """``func`` with keyword parameters fixed, keeping its ``__name__`` (TRL logs rewards under it)."""
@@ -272,6 +426,7 @@ def resolve_reward_funcs(names: list[str], params: dict[str, dict] | None = None
     for name in names:
         if name in REWARD_FUNCS:
             funcs.append(bind_params(REWARD_FUNCS[name], params.get(name) or {}))
+            check_params(name, params.get(name) or {})
             continue
         if ":" not in name:
             raise ValueError(

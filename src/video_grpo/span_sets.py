@@ -119,21 +119,31 @@ def wasserstein1(pred: Sequence[Sequence[float]], truth: Sequence[Sequence[float
     return total
 
 
+NORMALIZERS = ("truth", "union")
+
+
 def twass_score(
-    pred_spans: Sequence[Sequence[float]], true_spans: Sequence[Sequence[float]], beta: float = 1.0
+    pred_spans: Sequence[Sequence[float]],
+    true_spans: Sequence[Sequence[float]],
+    beta: float = 1.0,
+    normalizer: str = "truth",
 ) -> float:
     """TimeLens2's temporal Wasserstein reward exp(-beta * W1 / L) of two span sets; 0 if either is empty.
 
-    In (0, 1] for non-empty sets of positive length, 1 exactly when the merged sets cover the same time."""
+    ``normalizer``: L is the length of the merged true set (``truth``, TimeLens2's since f07353b) or of the union
+    of both sets (``union``, their earlier release). In (0, 1] for non-empty sets of positive length, 1 exactly
+    when the merged sets cover the same time."""
     if not beta > 0 or not math.isfinite(beta):
         raise ValueError(
             f"twass: beta must be a positive number, got {beta!r} (set reward_kwargs: {{twass: {{beta: 1.0}}}})"
         )
+    if normalizer not in NORMALIZERS:
+        raise ValueError(f"twass: normalizer must be one of {list(NORMALIZERS)}, got {normalizer!r}")
     pred, truth = _check(pred_spans, "pred"), _check(true_spans, "truth")
     if not pred or not truth:
         return 0.0
     w1 = wasserstein1(pred, truth)
-    length = total_length(pred + truth)
-    if length <= 0:  # both sets are points only
+    length = total_length(truth) if normalizer == "truth" else total_length(pred + truth)
+    if length <= 0:  # the normalising set is points only
         return 1.0 if w1 == 0 else 0.0
     return math.exp(-beta * w1 / length)

@@ -110,7 +110,15 @@ def _twass(work: Path, data: Path, start: Path, steps: int) -> dict:
     train, test = runs.task_dataset(data / "train.jsonl"), runs.task_dataset(data / "test.jsonl")
     rollouts: list[dict] = []
     with contextlib.redirect_stdout(sys.stderr):
-        history = runs.grpo(start, train, work / "twass", steps, rollouts=rollouts, extra_rewards=("twass",))
+        history = runs.grpo(
+            start,
+            train,
+            work / "twass",
+            steps,
+            rollouts=rollouts,
+            extra_rewards=("twass",),
+            extra_reward_params={"twass": {"reader": "ours"}},  # the task's answers are "S to E"
+        )
         return {"history": history, "after": runs.test_metrics(work / "twass", test), "rollouts": rollouts}
 
 

@@ -44,10 +44,15 @@ FLAT_TOLERANCE = 1e-9  # rewards of one group closer than this are equal (float 
 def score_group(group: dict, names: tuple[str, ...] = SCORED) -> dict[str, list[float]]:
     """Each answer's reward under every registry reward of ``names``: one scoring per group and reward, however
     many sums are then made of them."""
-    from video_grpo.rewards import REWARD_FUNCS
+    from video_grpo.rewards import REWARD_FUNCS, SET_REWARDS
 
     columns = {"solution": group["solution"], "duration": group["duration"]}
-    return {name: REWARD_FUNCS[name](completions=group["completions"], **columns) for name in names}
+    # TimeLens2's rewards read our "S to E" answers with our reader (theirs reads JSON only)
+    readers = {name: {"reader": "ours"} for name in names if name in SET_REWARDS}
+    return {
+        name: REWARD_FUNCS[name](completions=group["completions"], **columns, **readers.get(name, {}))
+        for name in names
+    }
 
 
 def summed_rewards(scores: dict[str, list[float]], names: tuple[str, ...]) -> list[float]:

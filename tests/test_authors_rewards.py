@@ -1,0 +1,111 @@
+"""Every preset that follows a published recipe gives each answer the reward its authors' code gives it.
+
+tests/data/authors_rewards.json holds 3,000 answers in the forms a policy writes while it explores
+(tests/answer_forms.py, seed 0) with a true solution and a duration each, and the total reward each recipe's own
+code gave them, summed as TRL sums reward functions (NaN skipped). It was made by running, outside the repository,
+the authors' functions unchanged:
+
+- ``timelens2``: MCG-NJU/TimeLens2 at f07353b, ``grpo/timelens/rewards/funcs.py`` ``score_completion`` with the
+  spec of ``grpo/scripts/train_grpo_{4b,8b}.sh`` (``twass1,tiou,parse_penalty``); one reward function in their
+  trainer, so a NaN total (twass of an answer ``[1e400, 5]``) counts 0;
+- ``timelens``: TencentARC/TimeLens at 5d90c06, ``training/train/reward_funcs.py`` ``tiou_reward`` (its GRPO
+  scripts pass ``--reward_funcs tiou``);
+- ``time_r1``: xiaomi-research/time-r1 at 7f2b594, ``finetune.py`` ``iou_timestamp_reward`` + ``format_reward``
+  (``scripts/finetune/run_charades.sh``: ``--reward_funcs iou format``); ``time_r1_iou_v2``: ``iou_timestamp_reward_v2``
+  + ``format_reward`` (the paper's reward, ``scripts/posttrain/train_rl.sh``);
+- ``timezero``: www-Ye/Time-R1 at d1a0d54, ``src/open_r1/grpo_video.py`` ``iou_timestamp_reward`` + ``format_reward``.
+
+Time-R1 and TimeZero take one true span; a multi-span row gives them its first span, as TimeLens's reward takes it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from video_grpo.rewards import resolve_reward_funcs
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = json.loads((ROOT / "tests/data/authors_rewards.json").read_text())
+PRESETS = {
+    "timelens2": sorted((ROOT / "configs/grpo").glob("timelens2_*.yaml")),
+    "timelens": sorted((ROOT / "configs/grpo").glob("timelens_*.yaml")),
+    "time_r1": sorted((ROOT / "configs/grpo").glob("time_r1_*.yaml")),
+    "timezero": sorted((ROOT / "configs/grpo").glob("timezero_*.yaml")),
+}
+SINGLE_SPAN = ("time_r1", "time_r1_iou_v2", "timezero")
+
+
+def _solution(row: dict, key: str):
+    solution = row["solution"]
+    return solution[0] if key in SINGLE_SPAN and isinstance(solution[0], list) else solution
+
+
+def totals(names: list[str], kwargs: dict | None, weights: list[float] | None, key: str) -> list[float]:
+    """Each answer's reward under ``names``, summed with ``weights`` as TRL sums them (NaN skipped)."""
+    completions = [[{"role": "assistant", "content": row["answer"]}] for row in ROWS]
+    columns = {
+        "solution": [_solution(row, key) for row in ROWS],
+        "duration": [row["duration"] for row in ROWS],
+    }
+    weights = weights or [1.0] * len(names)
+    per_func = [func(completions=completions, **columns) for func in resolve_reward_funcs(names, kwargs)]
+    return [
+        sum(w * v for w, v in zip(weights, values, strict=True) if not math.isnan(v))
+        for values in zip(*per_func, strict=True)
+    ]
+
+
+def mismatches(got: list[float], key: str) -> list[tuple]:
+    return [
+        (row["answer"], row["solution"], row[key], value)
+        for row, value in zip(ROWS, got, strict=True)
+        if abs(value - row[key]) > 1e-9
+    ]
+
+
+@pytest.mark.parametrize(
+    "key, preset",
+    [(key, path) for key, paths in PRESETS.items() for path in paths],
+    ids=lambda v: getattr(v, "name", v),
+)
+def test_preset_sums_its_rewards_as_its_authors_code(key, preset):
+    recipe = yaml.safe_load(preset.read_text())
+    got = totals(recipe["reward_funcs"], recipe.get("reward_kwargs"), recipe.get("reward_weights"), key)
+    bad = mismatches(got, key)
+    assert not bad, (
+        f"{preset.name}: {len(bad)} of {len(ROWS)} answers differ from {key}'s code, e.g. {bad[:3]}"
+    )
+
+
+def test_time_r1_paper_reward_is_iou_dist_with_their_reader():
+    """Time-R1's paper reward (their iou_v2), for a preset that follows the paper instead of the Charades script."""
+    kwargs = {"iou_dist": {"reader": "time_r1"}, "format": {"reader": "time_r1"}}
+    assert not mismatches(totals(["iou_dist", "format"], kwargs, None, "time_r1_iou_v2"), "time_r1_iou_v2")
+
+
+def test_the_check_can_fail_our_own_rules_differ_on_these_answers():
+    """Read with our own rules (last span, clipped to the video, the strict format, TimeLens2's old union
+    normaliser), the same answers get other rewards: the fixture holds the forms where the recipes disagree."""
+    ours = {
+        "timelens2": (
+            ["twass", "tiou", "parse_penalty"],
+            {
+                "twass": {"reader": "ours", "normalizer": "union"},
+                "tiou": {"reader": "ours"},
+                "parse_penalty": {"reader": "ours"},
+            },
+        ),
+        "timelens": (["iou_answer_only"], {"iou_answer_only": {"reader": "ours"}}),
+        "time_r1": (["iou", "format"], None),
+        "timezero": (["iou", "format"], None),
+    }
+    differing = {key: len(mismatches(totals(*ours[key], None, key), key)) for key in ours}
+    assert all(count >= 300 for count in differing.values()), differing
+    # the forms cover every recipe's canonical answer and the ones a policy should not write
+    for needle in ("```json", "<thinking>", "The event happens in", " and ", "1e400", "NaN", "<answer>"):
+        assert sum(needle in row["answer"] for row in ROWS) >= 20, needle
