@@ -87,6 +87,26 @@ def test_other_scorings_keep_their_span_in_the_record():
         scored_span(output, "first")
 
 
+def test_the_timeline_draws_every_span_of_a_set_record(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from video_grpo.plot import plot_timeline
+
+    row = {"id": "q", "video": "v.mp4", "sentence": "s", "duration": 20.0, "solution": [4, 6]}
+    line = prediction_record(row, "[[4, 6], [8, 9]]", span_scoring="set")
+    path = tmp_path / "predictions.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    drawn, plot = [], matplotlib.axes.Axes.plot
+
+    def spy(self, *args, **kwargs):
+        drawn.append((args[0] if args else None, kwargs.get("color")))
+        return plot(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    plot_timeline(path, tmp_path / "timeline.png")
+    assert [x for x, color in drawn if color == "tab:orange" and x] == [[4.0, 6.0], [8.0, 9.0]]
+
+
 def test_bench_queries_are_cleaned_as_theirs(tmp_path):
     from video_grpo.annotations import load_annotations
 
