@@ -275,7 +275,8 @@ def test_a_failing_compile_falls_back_loudly(tiny_model_dir, train_file, monkeyp
 
 def test_evaluation_decodes_through_the_step(tiny_model_dir, train_file):
     """``evaluate run`` / ``curate``'s generate_answers: the same greedy answers with the decoder, shared prefill
-    on and off."""
+    on and off; TimeLens2's decoding (sampling at top_k 1, top_p 0.001, temperature 0.01) gives them too through the
+    same graph, so those keywords reach generate on the compiled path (the eager paths: test_timelens_scoring.py)."""
     from video_grpo.evaluate import generate_answers
 
     processor, model = load(tiny_model_dir)
@@ -285,6 +286,9 @@ def test_evaluation_decodes_through_the_step(tiny_model_dir, train_file):
     for shared in (True, False):
         assert generate_answers(model, processor, rows, 4, shared_prefill=shared, decoder=decoder) == eager
         assert decoder.last_call_compiled
+    timelens2 = {"top_p": 0.001, "top_k": 1, "repetition_penalty": 1.0}
+    assert generate_answers(model, processor, rows, 4, True, 0.01, decoder=decoder, **timelens2) == eager
+    assert decoder.last_call_compiled
     assert decoder.stats.graphs == 1
 
 

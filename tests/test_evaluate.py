@@ -87,7 +87,9 @@ def test_score_cli(tmp_path):
     assert json.loads(out.read_text())["R1@0.5"] == 100.0
 
 
-def run_eval(model_dir, out_dir, *extra, launcher=(sys.executable, "-m"), env=ENV):
+def run_eval(
+    model_dir, out_dir, *extra, launcher=(sys.executable, "-m"), env=ENV, config="configs/grpo/demo_tiny.yaml"
+):
     cmd = [
         *launcher,
         "video_grpo.evaluate",
@@ -95,7 +97,7 @@ def run_eval(model_dir, out_dir, *extra, launcher=(sys.executable, "-m"), env=EN
         "--model_name_or_path",
         str(model_dir),
         "--config",
-        "configs/grpo/demo_tiny.yaml",
+        str(config),
         "--split",
         "train",
         "--output_dir",
@@ -134,6 +136,32 @@ def test_run_writes_predictions_and_metrics(reference_run):
     metrics = json.loads((reference_run / "metrics.json").read_text())
     assert metrics["num_queries"] == 16
     assert metrics == score_records(lines)  # `score` on the file reproduces `run`
+
+
+def test_a_recipes_scoring_and_decoding_reach_the_run(tiny_model_dir, reference_run, tmp_path):
+    """The recipe's span_scoring and eval_generation_kwargs drive ``evaluate run``: TimeLens2's decoding (sampling at
+    top_k 1) gives the reference run's greedy answers, scored the timelens way; --max_new_tokens on the command line
+    (24) wins over the recipe's 4096."""
+    import yaml
+
+    from video_grpo.evaluate import scored_span
+
+    recipe = yaml.safe_load((REPO / "configs" / "grpo" / "demo_tiny.yaml").read_text())
+    generation = {"do_sample": True, "temperature": 0.01, "top_p": 0.001, "top_k": 1, "max_new_tokens": 4096}
+    recipe.update(span_scoring="timelens", eval_generation_kwargs=generation)
+    config = tmp_path / "recipe.yaml"
+    config.write_text(yaml.safe_dump(recipe))
+    out = finish(run_eval(tiny_model_dir, tmp_path / "out", "--max_samples", "3", config=config))
+    settings = json.loads(next(line for line in out.splitlines() if line.startswith("evaluate run: "))[14:])
+    assert settings == {"span_scoring": "timelens", **generation, "max_new_tokens": 24}
+    lines = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
+    reference = [json.loads(line) for line in (reference_run / "predictions.jsonl").read_text().splitlines()][
+        :3
+    ]
+    assert [r["output"] for r in lines] == [r["output"] for r in reference]
+    assert all(r["span"] == scored_span(r["output"], "timelens") for r in lines)
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics == score_records(lines, "timelens") and metrics["span_scoring"] == "timelens"
 
 
 def test_killed_run_resumes_to_the_same_metrics(tiny_model_dir, reference_run, tmp_path):

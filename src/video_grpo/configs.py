@@ -176,6 +176,24 @@ class GRPOScriptArguments:
             "for R1@0.3/0.5/0.7 and mIoU (logged as eval_R1@0.5, eval_mIoU). None: all; 0: skip."
         },
     )
+    span_scoring: str = field(
+        default="best_window",
+        metadata={
+            "help": "How an answer's IoU is computed for R1@m and mIoU, in training's evaluation and in `evaluate "
+            "run --config` (its --span_scoring wins): best_window (the last span of the answer, best IoU over the "
+            "true windows), set (TimeLens2's multi-span IoU) or timelens (TimeLens's and TimeLens2's VLMEvalKit "
+            "scoring: the first pair of TimeLens's extract_time, plain IoU, unswapped). See video_grpo.span_scoring."
+        },
+    )
+    eval_generation_kwargs: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "How `evaluate run --config` decodes, as transformers GenerationConfig keys: do_sample, "
+            "temperature, top_p, top_k, max_new_tokens, repetition_penalty (a command-line flag wins over its "
+            "key). Unset keys keep evaluate's defaults: greedy, 256 new tokens. temperature, top_p and top_k "
+            "need do_sample: true. A JSON string on the command line."
+        },
+    )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N training records (for smoke runs)."}
     )
@@ -390,6 +408,18 @@ class GRPOScriptArguments:
                 f"{self.reward_funcs} pairs iou_answer_only (an answer-only sentence, no tags) with a format "
                 "reward that needs <think>/<answer> tags; TimeLens uses [iou_answer_only] alone.",
             )
+        from video_grpo.span_scoring import SPAN_SCORINGS
+
+        if self.span_scoring not in SPAN_SCORINGS:
+            fail(
+                "span_scoring",
+                f"unknown scoring {self.span_scoring!r}; choose one of {list(SPAN_SCORINGS)} (timelens: "
+                "TimeLens's and TimeLens2's published evaluation; see video_grpo.span_scoring).",
+            )
+        try:
+            self.eval_generation_kwargs = check_generation_kwargs(self.eval_generation_kwargs)
+        except ValueError as err:
+            fail("eval_generation_kwargs", str(err))
         from video_grpo.grpo_math import SHAPING_METHODS
 
         if self.advantage_shaping not in SHAPING_METHODS:
@@ -421,6 +451,57 @@ class GRPOScriptArguments:
                 "gt_guidance is on with advantage_shaping: none. TempSamp-R1 (Table 4) found this the worst variant "
                 "(R1@0.5 63.0 against 68.9 for plain GRPO on Charades-STA); set advantage_shaping: tempsamp."
             )
+
+
+# The transformers GenerationConfig keys a recipe's eval_generation_kwargs may set, and their checks.
+EVAL_GENERATION_KEYS = ("do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "repetition_penalty")
+SAMPLING_ONLY_KEYS = ("temperature", "top_p", "top_k")
+
+
+def check_generation_kwargs(kwargs: dict | str | None) -> dict | None:
+    """``eval_generation_kwargs`` checked (names, types, ranges) and parsed from JSON if a string; raises
+    ValueError saying what is wrong and how to fix it. Checked when the recipe is parsed, not at the first
+    ``generate`` after minutes of model loading."""
+    if kwargs is None:
+        return None
+    if isinstance(kwargs, str):
+        try:
+            kwargs = json.loads(kwargs)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"is not valid JSON ({err.msg}): {kwargs!r}") from None
+    if not isinstance(kwargs, dict):
+        raise ValueError(
+            f"must map GenerationConfig keys to values, e.g. {{max_new_tokens: 512}}; got {kwargs!r}."
+        )
+    unknown = sorted(set(kwargs) - set(EVAL_GENERATION_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown}; allowed: {list(EVAL_GENERATION_KEYS)}.")
+
+    def is_number(value) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+    def is_count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    checks = {
+        "do_sample": (lambda v: isinstance(v, bool), "true or false"),
+        "temperature": (lambda v: is_number(v) and v > 0, "a number > 0"),
+        "top_p": (lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+        "top_k": (lambda v: is_count(v) and v >= 1, "an integer >= 1"),
+        "max_new_tokens": (lambda v: is_count(v) and v >= 1, "an integer >= 1"),
+        "repetition_penalty": (lambda v: is_number(v) and v > 0, "a number > 0 (1.0: off)"),
+    }
+    for key, value in kwargs.items():
+        valid, what = checks[key]
+        if not valid(value):
+            raise ValueError(f"{key} must be {what}, got {value!r}.")
+    sampling = [key for key in SAMPLING_ONLY_KEYS if key in kwargs]
+    if sampling and kwargs.get("do_sample") is not True:
+        raise ValueError(
+            f"{sampling} only act when sampling; add do_sample: true (top_k: 1 then decodes greedily, as "
+            "TimeLens2's VLMEvalKit does) or remove them."
+        )
+    return dict(kwargs)
 
 
 class DataToolArguments(GRPOScriptArguments):

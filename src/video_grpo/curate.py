@@ -441,8 +441,9 @@ def main(argv: list[str] | None = None) -> int:
         "--span_scoring",
         choices=SPAN_SCORINGS,
         default="best_window",
-        help="how an answer's IoU is computed, as in evaluate: best_window, or set (every answered span against "
-        "every true span, TimeLens2's tIoU: use it for multi-span data and TimeLens2's draw weights)",
+        help="how an answer's IoU is computed, as in evaluate: best_window, set (every answered span against "
+        "every true span, TimeLens2's tIoU: use it for multi-span data and TimeLens2's draw weights), or timelens "
+        "(TimeLens's evaluation: the first pair its extract_time finds, plain IoU)",
     )
     args = parser.parse_args(argv)
     if bool(args.predictions) == bool(args.model_name_or_path):

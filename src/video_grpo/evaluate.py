@@ -6,26 +6,31 @@
     python -m video_grpo.evaluate score --predictions predictions.jsonl [--output metrics.json]
 
 ``run`` uses the training path for prompts, frame sampling and processing (``video_grpo.data`` and
-``video_grpo.processing``), decodes greedily by default, and appends one line per query to
-``predictions.rank<R>.jsonl`` as it goes; a restarted run skips every id already written, so a killed run
-loses nothing it finished. At the end the parts are merged into ``predictions.jsonl`` and scored into
-``metrics.json``.
+``video_grpo.processing``), decodes as the recipe's ``eval_generation_kwargs`` say (greedy, 256 new tokens when
+it says nothing; command-line flags win), scores with the recipe's ``span_scoring`` unless ``--span_scoring`` is
+given, and appends one line per query to ``predictions.rank<R>.jsonl`` as it goes; a restarted run skips every id
+already written, so a killed run loses nothing it finished. At the end the parts are merged into
+``predictions.jsonl`` and scored into ``metrics.json``.
 
-Metric rules (``score``):
+Metric rules (``score``; the scorings are :mod:`video_grpo.span_scoring`'s):
 
-- IoU = max(0, min(E, E') - max(S, S')) / (max(E, E') - min(S, S')), and 0 when the union is 0;
-- spans are used as parsed and as annotated (``solution_raw``), with no clamping;
-- the span is parsed from the last ``<answer>`` block; without one, the last ``S to E`` anywhere in the
-  text is used (so base models can be scored zero-shot); S > E is a parse failure;
-- a parse failure counts as IoU 0 and stays in the denominator;
 - R1@m is the percentage of queries with IoU >= m, for m = 0.3, 0.5, 0.7; mIoU is the mean IoU (in %);
-- ``--span_scoring best_window`` (the default): one predicted span, the last; with several true windows
-  (QVHighlights), a query's IoU is the best IoU over its windows;
-- ``--span_scoring set`` (TimeLens2's evaluation, VLMEvalKit's multi-span IoU): every predicted span is read
-  (``S to E`` or the JSON ``[[S, E], ...]``), from the answer block or, without one, the whole text; the
-  predicted spans are merged, and IoU = sum of their overlaps with the true spans / the length of the union of
-  both sets. For one predicted and one true span this is the IoU above. (TimeLens2 leaves the true spans
-  unmerged; we merge them too, which differs only when true spans overlap each other.)
+- a parse failure counts as IoU 0 and stays in the denominator;
+- spans are used as parsed and as annotated (``solution_raw``), with no clamping;
+- ``--span_scoring best_window`` (the default): the span is the last one of the last ``<answer>`` block;
+  without a block, the last ``S to E`` anywhere in the text (so base models can be scored zero-shot); S > E is a
+  parse failure; IoU = max(0, min(E, E') - max(S, S')) / (max(E, E') - min(S, S')), 0 when the union is 0;
+  with several true windows (QVHighlights), a query's IoU is the best IoU over its windows;
+- ``--span_scoring set`` (the multi-span IoU of TimeLens2's VLMEvalKit for VUE-TR, ``vidi_vue_tr.py``): every
+  predicted span is read (``S to E`` or the JSON ``[[S, E], ...]``), from the answer block or, without one, the
+  whole text; the predicted spans are merged, and IoU = sum of their overlaps with the true spans / the length
+  of the union of both sets. For one predicted and one true span this is the IoU above. (TimeLens2 leaves the
+  true spans unmerged; we merge them too, which differs only when true spans overlap each other.)
+- ``--span_scoring timelens`` (how TimeLens and TimeLens2's VLMEvalKit score Charades-, ActivityNet- and
+  QVHighlights-TimeLens, ``TimeLensBase.evaluate``): the whole output, tags and all, is read by TimeLens's
+  ``extract_time`` (clock-time pairs, else ``a - b`` ranges, else ``a to b``, else any numbers paired in order);
+  the *first* pair is scored against the first true span with the IoU above, unswapped: a reversed pair scores 0
+  (it is not a parse failure); an output with no pair is one.
 """
 
 from __future__ import annotations
@@ -39,64 +44,30 @@ from tqdm.auto import tqdm
 
 from video_grpo import prefill
 from video_grpo.annotations import write_jsonl
-from video_grpo.answers import (
-    answer_block,
-    completion_text,
-    parse_answer_spans,
-    parse_span_in,
-    solution_spans,
-)
 from video_grpo.decode import CompiledDecoder, add_decode_arguments, evaluation_decoder
 from video_grpo.distributed import end_run, exit_process, process_state
 from video_grpo.families import detect_family, family_of_model
 from video_grpo.prefix import unforkable_layers
 from video_grpo.processing import encode_rows, generation_inputs, vision_placeholder_ids
-from video_grpo.rewards import temporal_iou
-from video_grpo.span_sets import union_iou
+from video_grpo.span_scoring import (  # noqa: F401  (re-exported: evaluate's public scoring API)
+    SPAN_SCORING_HELP,
+    SPAN_SCORINGS,
+    check_span_scoring,
+    parse_prediction,
+    parse_prediction_spans,
+    query_iou,
+    score_output,
+    scored_span,
+    set_iou,
+    timelens_iou,
+    timelens_prediction,
+)
 
 THRESHOLDS = (0.3, 0.5, 0.7)
 DURATION_BUCKETS = ((0, 30), (30, 60), (60, 120), (120, float("inf")))
-SPAN_SCORINGS = ("best_window", "set")
 
 
 # -- scoring -----------------------------------------------------------------------------------------------
-
-
-def parse_prediction(output: str | None) -> tuple[float, float] | None:
-    """Span from the last ``<answer>`` block, else the last ``S to E`` anywhere; None on failure."""
-    if not output:
-        return None
-    text = completion_text(output)
-    block = answer_block(text)
-    return parse_span_in(block if block is not None else text)
-
-
-def query_iou(span: tuple[float, float] | None, solution) -> float:
-    if span is None:
-        return 0.0
-    windows = solution if isinstance(solution[0], list | tuple) else [solution]
-    return max(temporal_iou(span, (float(s), float(e))) for s, e in windows)
-
-
-def parse_prediction_spans(output: str | None) -> list[tuple[float, float]] | None:
-    """Every span of the last ``<answer>`` block, else of the whole text; None on failure."""
-    return parse_answer_spans(output) if output else None
-
-
-def set_iou(spans: list[tuple[float, float]] | None, solution) -> float:
-    """TimeLens2's multi-span IoU of the predicted span set with the true one(s); 0 on a parse failure."""
-    return 0.0 if spans is None else union_iou(spans, solution_spans(solution))
-
-
-def score_output(output: str | None, solution, span_scoring: str = "best_window") -> tuple[float, bool]:
-    """``(IoU, parsed)`` of one answer under ``span_scoring`` (see the module docstring)."""
-    if span_scoring == "set":
-        spans = parse_prediction_spans(output)
-        return set_iou(spans, solution), spans is not None
-    if span_scoring != "best_window":
-        raise ValueError(f"span_scoring {span_scoring!r} is not one of {SPAN_SCORINGS}")
-    span = parse_prediction(output)
-    return query_iou(span, solution), span is not None
 
 
 def _summary(ious: list[float], failures: int) -> dict:
@@ -164,6 +135,9 @@ def generate_answers(
     shared_prefill: bool = True,
     text_timestamps: bool = False,
     decoder: CompiledDecoder | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    repetition_penalty: float | None = None,
 ) -> list[str]:
     """Answers for a batch of dataset rows, through the same processing as training.
 
@@ -171,7 +145,10 @@ def generate_answers(
     (:mod:`video_grpo.prefill`, which copies Qwen3.5's Gated DeltaNet states too); models with sequence-state
     layers their family cannot fork take the plain path.
     ``text_timestamps``: the recipe's ``frame_timestamps_in_text`` (TimeLens-7B), as in training.
-    ``decoder``: decode through its static cache and compiled step (:mod:`video_grpo.decode`; the same tokens)."""
+    ``decoder``: decode through its static cache and compiled step (:mod:`video_grpo.decode`; the same tokens).
+    ``top_p``, ``top_k`` (when sampling) and ``repetition_penalty``: passed to ``generate`` when given, on every
+    path (the shared prefill and the compiled step hand ``generate`` its keyword arguments as they are); unset, the
+    model's generation_config decides, as before."""
     config = model.config
     tokenizer = processor.tokenizer
     encoded = encode_rows(processor, rows, detect_family(config).with_text_timestamps(text_timestamps))
@@ -191,9 +168,12 @@ def generate_answers(
         "suppress_tokens": vision_placeholder_ids(config),
     }
     if do_sample:
-        kwargs["temperature"] = temperature
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+        kwargs.update({key: value for key, value in sampling.items() if value is not None})
     else:
         kwargs.update(temperature=None, top_p=None, top_k=None)
+    if repetition_penalty is not None:
+        kwargs["repetition_penalty"] = repetition_penalty
     decoder = decoder if decoder is not None and decoder.enabled else None
     if shared_prefill or decoder is not None:
         output = prefill.generate(model, **inputs, **kwargs, decoder=decoder, share=shared_prefill)
@@ -205,7 +185,8 @@ def generate_answers(
 def prediction_record(
     row: dict, output: str | None, error: str | None = None, span_scoring: str = "best_window"
 ) -> dict:
-    span = parse_prediction(output)
+    """One line of ``predictions.jsonl``: ``span`` is what ``span_scoring`` read (for ``set``, every span read)
+    and ``iou`` its score."""
     solution = row.get("solution_raw") or row["solution"]
     record = {
         "id": row["id"],
@@ -214,7 +195,7 @@ def prediction_record(
         "duration": row["duration"],
         "solution": solution,
         "output": output,
-        "span": list(span) if span else None,
+        "span": scored_span(output, span_scoring),
         "iou": score_output(output, solution, span_scoring)[0],
     }
     if error:
@@ -263,7 +244,8 @@ def generate_parts(
 
     With ``num_samples`` k > 1 every query is answered k times and each line carries ``sample`` (0..k-1), so a
     killed run redoes only the missing (query, sample) pairs. ``args`` supplies ``model_name_or_path``,
-    ``dtype``, ``batch_size`` (answers per generate call), ``max_new_tokens``, ``do_sample``, ``temperature``."""
+    ``dtype``, ``batch_size`` (answers per generate call), ``max_new_tokens``, ``do_sample``, ``temperature`` and
+    optionally ``top_p``, ``top_k``, ``repetition_penalty`` and ``span_scoring``."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from video_grpo.video import VideoReadError
@@ -297,6 +279,7 @@ def generate_parts(
         from video_grpo.plan.startup import decode_cache_tokens
 
         decoder.max_cache_len = decode_cache_tokens(script_args, args.model_name_or_path, args.max_new_tokens)
+    scoring = getattr(args, "span_scoring", None) or "best_window"
     unit = "answer" if num_samples > 1 else "query"
     progress = tqdm(
         total=len(todo),
@@ -321,8 +304,10 @@ def generate_parts(
                     getattr(args, "shared_prefill", True),
                     text_timestamps,
                     decoder,
+                    top_p=getattr(args, "top_p", None),
+                    top_k=getattr(args, "top_k", None),
+                    repetition_penalty=getattr(args, "repetition_penalty", None),
                 )
-                scoring = getattr(args, "span_scoring", "best_window")
                 records = [
                     prediction_record(row, output, span_scoring=scoring)
                     for row, output in zip(rows, outputs, strict=True)
@@ -331,7 +316,9 @@ def generate_parts(
                 VideoReadError
             ) as err:  # one bad video must not end the run: it scores 0, in the denominator
                 plain = dict(zip(unique, dataset.select(unique).with_format(None), strict=True))
-                records = [prediction_record(plain[i], None, error=str(err)) for i, _ in items]
+                records = [
+                    prediction_record(plain[i], None, error=str(err), span_scoring=scoring) for i, _ in items
+                ]
             for (_, sample), record in zip(items, records, strict=True):
                 if num_samples > 1:
                     record["sample"] = sample
@@ -360,8 +347,44 @@ def merge_parts(
     return ordered
 
 
+# evaluate run's decoding where neither the command line nor the recipe's eval_generation_kwargs sets it
+RUN_GENERATION_DEFAULTS = {"do_sample": False, "temperature": 1.0, "max_new_tokens": 256}
+
+
+def resolve_run_settings(args: argparse.Namespace, script_args=None) -> argparse.Namespace:
+    """``evaluate run``'s span scoring and decoding, in ``args``: each flag given on the command line, else the
+    recipe's ``span_scoring`` / ``eval_generation_kwargs`` key, else :data:`RUN_GENERATION_DEFAULTS` (top_p, top_k
+    and repetition_penalty unset: the model's generation_config). Without ``script_args``, the recipe at
+    ``args.config`` is read."""
+    from video_grpo.configs import EVAL_GENERATION_KEYS, script_args_from_yaml
+
+    if script_args is None:
+        script_args = script_args_from_yaml(args.config)
+    if getattr(args, "span_scoring", None) is None:
+        args.span_scoring = script_args.span_scoring
+    check_span_scoring(args.span_scoring)
+    recipe = script_args.eval_generation_kwargs or {}
+    for key in EVAL_GENERATION_KEYS:
+        if getattr(args, key, None) is None:
+            setattr(args, key, recipe.get(key, RUN_GENERATION_DEFAULTS.get(key)))
+    return args
+
+
+def run_settings(args: argparse.Namespace) -> dict:
+    """The resolved scoring and decoding of a run, as printed at its start."""
+    from video_grpo.configs import EVAL_GENERATION_KEYS
+
+    return {
+        "span_scoring": args.span_scoring,
+        **{key: getattr(args, key) for key in EVAL_GENERATION_KEYS if getattr(args, key) is not None},
+    }
+
+
 def run_main(args: argparse.Namespace) -> int:
     state = process_state()
+    resolve_run_settings(args)
+    if state.is_main_process:
+        print(f"evaluate run: {json.dumps(run_settings(args))}", flush=True)
     dataset, ids = load_split(
         args.config, family_of_model(args.model_name_or_path), args.split, args.annotations, args.max_samples
     )
@@ -386,7 +409,16 @@ def score_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _true_or_false(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes"):
+        return True
+    if value.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``run`` and ``score`` command lines (a function of its own so tests can resolve a run's settings)."""
     parser = argparse.ArgumentParser(
         prog="python -m video_grpo.evaluate",
         description=__doc__,
@@ -401,9 +433,19 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--output_dir", required=True)
     run.add_argument("--batch_size", type=int, default=4)
     run.add_argument("--max_samples", type=int)
-    run.add_argument("--max_new_tokens", type=int, default=256)
-    run.add_argument("--do_sample", action="store_true", help="sample instead of greedy decoding")
-    run.add_argument("--temperature", type=float, default=1.0)
+    recipe = "default: the recipe's eval_generation_kwargs, else"
+    run.add_argument("--max_new_tokens", type=int, help=f"{recipe} 256")
+    run.add_argument(
+        "--do_sample",
+        type=_true_or_false,
+        nargs="?",
+        const=True,
+        help=f"sample instead of greedy decoding (--do_sample, or --do_sample true/false; {recipe} false)",
+    )
+    run.add_argument("--temperature", type=float, help=f"when sampling ({recipe} 1.0)")
+    run.add_argument("--top_p", type=float, help=f"when sampling ({recipe} the model's generation_config)")
+    run.add_argument("--top_k", type=int, help=f"when sampling ({recipe} the model's generation_config)")
+    run.add_argument("--repetition_penalty", type=float, help=f"{recipe} the model's generation_config")
     run.add_argument(
         "--shared_prefill",
         type=lambda v: v.lower() in ("1", "true", "yes"),
@@ -415,15 +457,22 @@ def main(argv: list[str] | None = None) -> int:
     score = sub.add_parser("score", help="recompute metrics from a predictions file (no model)")
     score.add_argument("--predictions", required=True)
     score.add_argument("--output")
-    for command in (run, score):
-        command.add_argument(
-            "--span_scoring",
-            choices=SPAN_SCORINGS,
-            default="best_window",
-            help="best_window: the last predicted span, best IoU over the true windows; set: TimeLens2's "
-            "multi-span IoU of all predicted spans, merged, with all true spans",
-        )
-    args = parser.parse_args(argv)
+    run.add_argument(
+        "--span_scoring",
+        choices=SPAN_SCORINGS,
+        help=f"default: the recipe's span_scoring. {SPAN_SCORING_HELP}",
+    )
+    score.add_argument(
+        "--span_scoring",
+        choices=SPAN_SCORINGS,
+        default="best_window",
+        help=f"default best_window. {SPAN_SCORING_HELP}",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return run_main(args) if args.command == "run" else score_main(args)
 
 

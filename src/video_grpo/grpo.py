@@ -176,6 +176,7 @@ def build_trainer(
         processing_class=processor,
         peft_config=get_peft_config(model_args),
         grounding_eval_samples=script_args.eval_grounding_samples,
+        span_scoring=script_args.span_scoring,
         max_bad_sample_fraction=script_args.max_bad_sample_fraction,
         freeze_vision_tower=script_args.freeze_vision_tower,
         gt_guidance=script_args.gt_guidance,

@@ -72,8 +72,11 @@ def plot_timeline(predictions: Path, output: Path, num: int = 12) -> Path:
         for start, end in truth:
             ax.plot([start, end], [y + 0.12, y + 0.12], color="tab:green", linewidth=5, solid_capstyle="butt")
         span = record.get("span")
-        if span:
-            ax.plot(span, [y - 0.12, y - 0.12], color="tab:orange", linewidth=5, solid_capstyle="butt")
+        spans = (span if isinstance(span[0], list) else [span]) if span else []  # `set` scoring: every span
+        for start, end in spans:
+            ax.plot(
+                [start, end], [y - 0.12, y - 0.12], color="tab:orange", linewidth=5, solid_capstyle="butt"
+            )
         label = f"IoU {record['iou']:.2f}" if span else "no span"
         ax.text(record["duration"] + 0.5, y, label, va="center", fontsize=8)
     ax.set_yticks([len(records) - i for i in range(len(records))])

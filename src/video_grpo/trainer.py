@@ -55,6 +55,7 @@ from video_grpo.processing import (
 )
 from video_grpo.rewards import DEFAULT_ANSWER_TEMPLATE
 from video_grpo.sample_weights import WeightedRepeatSampler, relative_weights
+from video_grpo.span_scoring import check_span_scoring
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         self,
         *args,
         grounding_eval_samples: int | None = 64,
+        span_scoring: str = "best_window",
         max_bad_sample_fraction: float = 0.05,
         freeze_vision_tower: bool = False,
         encode_video_once: bool = True,
@@ -129,7 +131,8 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
     ) -> None:
         """
         grounding_eval_samples: how many eval queries ``evaluate()`` answers greedily for R1@m / mIoU
-            (None: all of them, 0: skip).
+            (None: all of them, 0: skip). span_scoring: how those answers are scored (the recipe's
+            ``span_scoring``; :mod:`video_grpo.span_scoring`).
         max_bad_sample_fraction: stop when more than this share of the prompts seen had an unreadable video
             (each is replaced by another sample by the dataset; see ``video_grpo.data.VideoTransform``).
         freeze_vision_tower: train the language model only. train_vision_merger: with it, the vision module's
@@ -172,6 +175,8 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         self._guided: dict[int, list[int]] = {}  # row -> guided answer tokens, for the batch being generated
         self._rewards_per_func: torch.Tensor | None = None
         self.grounding_eval_samples = grounding_eval_samples
+        check_span_scoring(span_scoring)  # now, not at the first evaluation
+        self.span_scoring = span_scoring
         self.max_bad_sample_fraction = max_bad_sample_fraction
         self._bad_samples_seen = 0
         self._samples_seen = 0
@@ -347,10 +352,11 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
                 )
                 real = max(0, min(batch_size, len(indices) - start))  # the rest of the batch is padding
                 records += [
-                    prediction_record(row, out) for row, out in zip(rows[:real], outputs[:real], strict=True)
+                    prediction_record(row, out, span_scoring=self.span_scoring)
+                    for row, out in zip(rows[:real], outputs[:real], strict=True)
                 ]
             model.train(was_training)
-        metrics = score_records(gather_object(records))
+        metrics = score_records(gather_object(records), self.span_scoring)
         return {
             k: v for k, v in metrics.items() if k.startswith("R1@") or k in ("mIoU", "num_parse_failures")
         }
