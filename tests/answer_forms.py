@@ -6,7 +6,7 @@ answers of each recipe (TimeLens2's untagged JSON, TimeLens's sentence, our ``<t
 ``S to E``), their variations (fences, tags, units, clock times, ``and``, dashes, spaces, reversed pairs,
 exponents, two answer blocks, two ranges, several spans, strings for numbers, spans past the video) and a few
 answers a policy should not write (NaN, 1e400, booleans, unclosed brackets, no numbers). The
-expected rewards in tests/data/authors_rewards.json were computed from these triples by each author's own code
+expected rewards in tests/fixtures/authors_rewards.json were computed from these triples by each author's own code
 (see that test's docstring); the triples are stored there too, so the check does not depend on this generator
 staying the same.
 """

@@ -1,6 +1,6 @@
 """Every preset that follows a published recipe gives each answer the reward its authors' code gives it.
 
-tests/data/authors_rewards.json holds 3,000 answers in the forms a policy writes while it explores
+tests/fixtures/authors_rewards.json holds 3,000 answers in the forms a policy writes while it explores
 (tests/answer_forms.py, seed 0) with a true solution and a duration each, and the total reward each recipe's own
 code gave them, summed as TRL sums reward functions (NaN skipped). It was made by running, outside the repository,
 the authors' functions unchanged:
@@ -30,7 +30,7 @@ import yaml
 from video_grpo.rewards import resolve_reward_funcs
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = json.loads((ROOT / "tests/data/authors_rewards.json").read_text())
+ROWS = json.loads((ROOT / "tests/fixtures/authors_rewards.json").read_text())
 PRESETS = {
     "timelens2": sorted((ROOT / "configs/grpo").glob("timelens2_*.yaml")),
     "timelens": sorted((ROOT / "configs/grpo").glob("timelens_*.yaml")),
@@ -109,3 +109,54 @@ def test_the_check_can_fail_our_own_rules_differ_on_these_answers():
     # the forms cover every recipe's canonical answer and the ones a policy should not write
     for needle in ("```json", "<thinking>", "The event happens in", " and ", "1e400", "NaN", "<answer>"):
         assert sum(needle in row["answer"] for row in ROWS) >= 20, needle
+
+
+def test_training_evaluation_and_curation_read_a_timelens2_answer_alike(tmp_path, capsys):
+    """Within a TimeLens2 preset, the tiou reward, ``evaluate score --span_scoring set`` and ``curate --span_scoring
+    set`` (whose mean tIoU becomes the draw weights) read and score every answer the same way."""
+    from video_grpo import curate, evaluate
+    from video_grpo.rewards import recipe_reader
+
+    preset = PRESETS["timelens2"][0]
+    recipe = yaml.safe_load(preset.read_text())
+    assert recipe_reader(recipe["reward_funcs"], recipe.get("reward_kwargs")) == "timelens2"
+    rows = ROWS[:400]
+    funcs = resolve_reward_funcs(recipe["reward_funcs"], recipe.get("reward_kwargs"))
+    tiou = funcs[recipe["reward_funcs"].index("tiou")]
+    training = tiou(completions=[r["answer"] for r in rows], solution=[r["solution"] for r in rows])
+    # evaluate score, the scoring and reader taken from the preset
+    records = [
+        {"id": f"q{i // 8}", "sample": i % 8, "output": r["answer"], "solution": rows[i // 8 * 8]["solution"]}
+        for i, r in enumerate(rows)
+    ]
+    for record in records:
+        record.update(video=str(tmp_path / "v.mp4"), duration=60.0, sentence="a person opens a door")
+    per_answer = tiou(completions=[r["output"] for r in records], solution=[r["solution"] for r in records])
+    predictions = tmp_path / "samples.jsonl"
+    predictions.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert (
+        evaluate.main(
+            ["score", "--predictions", str(predictions), "--config", str(preset), "--span_scoring", "set"]
+        )
+        == 0
+    )
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["reader"] == "timelens2"
+    assert metrics["mIoU"] == pytest.approx(100 * sum(per_answer) / len(per_answer), abs=1e-9)
+    own = [evaluate.score_output(r["answer"], r["solution"], "set", "timelens2")[0] for r in rows]
+    assert own == training
+    # curate, the reader taken from the preset: each query's mean tIoU is the mean of its answers' tiou rewards
+    args = ["--predictions", str(predictions), "--config", str(preset), "--span_scoring", "set"]
+    curate.main(
+        [*args, "--output_dir", str(tmp_path / "curate"), "--video_root", str(tmp_path), "--min_iou", "0"]
+    )
+    per_query = [json.loads(line) for line in (tmp_path / "curate/per_query.jsonl").read_text().splitlines()]
+    assert len(per_query) == 50
+    for query in per_query:
+        k = int(query["id"][1:])
+        assert query["mean_iou"] == pytest.approx(sum(per_answer[8 * k : 8 * k + 8]) / 8, abs=1e-12)
+    # our reader scores these answers otherwise: the preset's reader is what made them agree
+    ours = evaluate.score_records(
+        [{**r, "duration": 60.0} for r in records], span_scoring="set", reader="ours"
+    )
+    assert abs(ours["mIoU"] - metrics["mIoU"]) > 1

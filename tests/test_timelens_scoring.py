@@ -144,6 +144,7 @@ def test_evaluate_run_takes_the_recipes_scoring_and_decoding():
     args = run_args(PRESET)
     assert evaluate.run_settings(args) == {
         "span_scoring": "timelens",
+        "reader": "ours",
         "do_sample": True,
         "temperature": 0.01,
         "top_p": 0.001,
@@ -167,6 +168,7 @@ def test_evaluate_run_takes_the_recipes_scoring_and_decoding():
     args = run_args(REPO / "configs" / "grpo" / "demo_tiny.yaml")
     assert evaluate.run_settings(args) == {
         "span_scoring": "best_window",
+        "reader": "ours",
         "do_sample": False,
         "temperature": 1.0,
         "max_new_tokens": 256,
@@ -286,9 +288,9 @@ def test_training_evaluation_scores_with_the_recipes_scoring(tiny_model_dir, tmp
     seen = []
     original = evaluate.score_records
 
-    def spy(records, span_scoring="best_window"):
+    def spy(records, span_scoring="best_window", reader="ours"):
         seen.append((span_scoring, [r["span"] == scored_span(r["output"], "timelens") for r in records]))
-        return original(records, span_scoring)
+        return original(records, span_scoring, reader)
 
     monkeypatch.setattr(evaluate, "score_records", spy)
     metrics = trainer.grounding_metrics(trainer.eval_dataset)

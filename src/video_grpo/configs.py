@@ -396,10 +396,11 @@ class GRPOScriptArguments:
                 "must map reward names to parameter mappings, e.g. {length_penalty: {max_think_words: 128}}.",
             )
         if self.import_reward_plugins:
-            from video_grpo.rewards import resolve_reward_funcs
+            from video_grpo.rewards import recipe_reader, resolve_reward_funcs
 
             try:
                 resolve_reward_funcs(self.reward_funcs, self.reward_kwargs)
+                recipe_reader(self.reward_funcs, self.reward_kwargs)  # one reader for evaluation and curation
             except ValueError as err:
                 fail("reward_funcs", str(err))
         if "iou_answer_only" in self.reward_funcs and {"format", "format_soft"} & set(self.reward_funcs):

@@ -53,7 +53,7 @@ from pathlib import Path
 from video_grpo.annotations import iter_jsonl_objects, write_jsonl
 from video_grpo.decode import add_decode_arguments
 from video_grpo.distributed import end_run, exit_process, process_state
-from video_grpo.evaluate import SPAN_SCORINGS, score_output
+from video_grpo.evaluate import SET_READERS, SPAN_SCORINGS, score_output
 
 STATUSES = ("kept", "too_hard", "too_easy", "capped", "not_drawn")
 RULES = ("band", "gaussian")
@@ -131,9 +131,10 @@ def read_samples(path: str | Path) -> list[dict]:
 # -- statistics and the band ---------------------------------------------------------------------------------
 
 
-def query_stats(query: dict, span_scoring: str = "best_window") -> dict:
-    """IoU of each answer (evaluate's rules, ``span_scoring`` among them), their mean and population std."""
-    scored = [score_output(output, query["solution"], span_scoring) for output in query["outputs"]]
+def query_stats(query: dict, span_scoring: str = "best_window", reader: str = "ours") -> dict:
+    """IoU of each answer (evaluate's rules, ``span_scoring`` and its ``reader`` among them), their mean and
+    population std."""
+    scored = [score_output(output, query["solution"], span_scoring, reader) for output in query["outputs"]]
     ious = [iou for iou, _ in scored]
     mean = sum(ious) / len(ious)
     std = math.sqrt(sum((x - mean) ** 2 for x in ious) / len(ious))
@@ -258,6 +259,7 @@ def curate_queries(
     gaussian_mean: float = 0.05,
     gaussian_std: float = 0.2,
     span_scoring: str = "best_window",
+    reader: str = "ours",
 ) -> dict:
     """Write per_query.jsonl, curated.jsonl, mean_iou_hist.png and summary.json; return the summary.
 
@@ -267,7 +269,7 @@ def curate_queries(
         raise ValueError(f"unknown rule {rule!r}; choose one of {list(RULES)}")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stats = [query_stats(q, span_scoring) for q in queries]
+    stats = [query_stats(q, span_scoring, reader) for q in queries]
     if rule == "gaussian":
         assign_gaussian_status(stats, target_size, seed, gaussian_mean, gaussian_std)
         title = (
@@ -305,6 +307,7 @@ def curate_queries(
         "target_iou": target_iou,
         "rule": rule,
         "span_scoring": span_scoring,
+        "reader": reader,
         **(
             {
                 "target_size": target_size,
@@ -445,7 +448,22 @@ def main(argv: list[str] | None = None) -> int:
         "every true span, TimeLens2's tIoU: use it for multi-span data and TimeLens2's draw weights), or timelens "
         "(TimeLens's evaluation: the first pair its extract_time finds, plain IoU)",
     )
+    parser.add_argument(
+        "--reader",
+        choices=SET_READERS,
+        help="how --span_scoring set reads an answer: ours, or timelens2 (TimeLens2's JSON reading and tIoU); "
+        "default: as the --config recipe's tiou/twass/parse_penalty rewards read it (TimeLens2's presets: "
+        "timelens2), so that the draw weights come from the same reading as the training reward; else ours",
+    )
     args = parser.parse_args(argv)
+    if args.reader is None:
+        args.reader = "ours"
+        if args.config:
+            from video_grpo.configs import script_args_from_yaml
+            from video_grpo.rewards import recipe_reader
+
+            recipe = script_args_from_yaml(args.config)
+            args.reader = recipe_reader(recipe.reward_funcs, recipe.reward_kwargs)
     if bool(args.predictions) == bool(args.model_name_or_path):
         parser.error("give either --predictions or --model_name_or_path (with --config)")
     if args.model_name_or_path and not args.config:
@@ -489,6 +507,7 @@ def curate_main(args: argparse.Namespace, path: Path, video_root: str | None) ->
             gaussian_mean=args.gaussian_mean,
             gaussian_std=args.gaussian_std,
             span_scoring=args.span_scoring,
+            reader=args.reader,
         )
     except PredictionsError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -49,7 +49,9 @@ from video_grpo.distributed import end_run, exit_process, process_state
 from video_grpo.families import detect_family, family_of_model
 from video_grpo.prefix import unforkable_layers
 from video_grpo.processing import encode_rows, generation_inputs, vision_placeholder_ids
+from video_grpo.rewards import recipe_reader
 from video_grpo.span_scoring import (  # noqa: F401  (re-exported: evaluate's public scoring API)
+    SET_READERS,
     SPAN_SCORING_HELP,
     SPAN_SCORINGS,
     check_span_scoring,
@@ -79,11 +81,12 @@ def _summary(ious: list[float], failures: int) -> dict:
     return metrics
 
 
-def score_records(records: list[dict], span_scoring: str = "best_window") -> dict:
-    """Metrics from prediction records with ``output``, ``solution`` and ``duration``."""
+def score_records(records: list[dict], span_scoring: str = "best_window", reader: str = "ours") -> dict:
+    """Metrics from prediction records with ``output``, ``solution`` and ``duration``; ``reader``: how ``set``
+    reads an answer (the recipe's, :func:`video_grpo.rewards.recipe_reader`)."""
     ious, failures, buckets = [], 0, {b: ([], [0]) for b in DURATION_BUCKETS}
     for record in records:
-        iou, parsed = score_output(record.get("output"), record["solution"], span_scoring)
+        iou, parsed = score_output(record.get("output"), record["solution"], span_scoring, reader)
         failures += not parsed
         ious.append(iou)
         for low, high in DURATION_BUCKETS:
@@ -92,6 +95,8 @@ def score_records(records: list[dict], span_scoring: str = "best_window") -> dic
                 buckets[(low, high)][1][0] += not parsed
     metrics = _summary(ious, failures)
     metrics["span_scoring"] = span_scoring
+    if span_scoring == "set":
+        metrics["reader"] = reader
     metrics["by_duration"] = {
         (f"{low:g}-{high:g}s" if high != float("inf") else f">={low:g}s"): _summary(b_ious, b_fail[0])
         for (low, high), (b_ious, b_fail) in buckets.items()
@@ -183,7 +188,11 @@ def generate_answers(
 
 
 def prediction_record(
-    row: dict, output: str | None, error: str | None = None, span_scoring: str = "best_window"
+    row: dict,
+    output: str | None,
+    error: str | None = None,
+    span_scoring: str = "best_window",
+    reader: str = "ours",
 ) -> dict:
     """One line of ``predictions.jsonl``: ``span`` is what ``span_scoring`` read (for ``set``, every span read)
     and ``iou`` its score."""
@@ -195,8 +204,8 @@ def prediction_record(
         "duration": row["duration"],
         "solution": solution,
         "output": output,
-        "span": scored_span(output, span_scoring),
-        "iou": score_output(output, solution, span_scoring)[0],
+        "span": scored_span(output, span_scoring, reader),
+        "iou": score_output(output, solution, span_scoring, reader)[0],
     }
     if error:
         record["error"] = error
@@ -280,6 +289,7 @@ def generate_parts(
 
         decoder.max_cache_len = decode_cache_tokens(script_args, args.model_name_or_path, args.max_new_tokens)
     scoring = getattr(args, "span_scoring", None) or "best_window"
+    reader = getattr(args, "reader", None) or "ours"
     unit = "answer" if num_samples > 1 else "query"
     progress = tqdm(
         total=len(todo),
@@ -309,7 +319,7 @@ def generate_parts(
                     repetition_penalty=getattr(args, "repetition_penalty", None),
                 )
                 records = [
-                    prediction_record(row, output, span_scoring=scoring)
+                    prediction_record(row, output, span_scoring=scoring, reader=reader)
                     for row, output in zip(rows, outputs, strict=True)
                 ]
             except (
@@ -317,7 +327,8 @@ def generate_parts(
             ) as err:  # one bad video must not end the run: it scores 0, in the denominator
                 plain = dict(zip(unique, dataset.select(unique).with_format(None), strict=True))
                 records = [
-                    prediction_record(plain[i], None, error=str(err), span_scoring=scoring) for i, _ in items
+                    prediction_record(plain[i], None, error=str(err), span_scoring=scoring, reader=reader)
+                    for i, _ in items
                 ]
             for (_, sample), record in zip(items, records, strict=True):
                 if num_samples > 1:
@@ -362,7 +373,9 @@ def resolve_run_settings(args: argparse.Namespace, script_args=None) -> argparse
         script_args = script_args_from_yaml(args.config)
     if getattr(args, "span_scoring", None) is None:
         args.span_scoring = script_args.span_scoring
-    check_span_scoring(args.span_scoring)
+    if getattr(args, "reader", None) is None:  # read answers as the recipe's training rewards do
+        args.reader = recipe_reader(script_args.reward_funcs, script_args.reward_kwargs)
+    check_span_scoring(args.span_scoring, args.reader)
     recipe = script_args.eval_generation_kwargs or {}
     for key in EVAL_GENERATION_KEYS:
         if getattr(args, key, None) is None:
@@ -376,6 +389,7 @@ def run_settings(args: argparse.Namespace) -> dict:
 
     return {
         "span_scoring": args.span_scoring,
+        "reader": args.reader,
         **{key: getattr(args, key) for key in EVAL_GENERATION_KEYS if getattr(args, key) is not None},
     }
 
@@ -393,7 +407,7 @@ def run_main(args: argparse.Namespace) -> int:
     state.wait_for_everyone()
     if state.is_main_process:
         ordered = merge_parts(out_dir, ids)
-        metrics = score_records(ordered, args.span_scoring)
+        metrics = score_records(ordered, args.span_scoring, args.reader)
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
         print(json.dumps({k: v for k, v in metrics.items() if k != "by_duration"}))
     end_run()
@@ -401,7 +415,15 @@ def run_main(args: argparse.Namespace) -> int:
 
 
 def score_main(args: argparse.Namespace) -> int:
-    metrics = score_records(read_predictions(args.predictions), args.span_scoring)
+    if args.config:  # the recipe's scoring and reader, where the command line does not name them
+        from video_grpo.configs import script_args_from_yaml
+
+        script_args = script_args_from_yaml(args.config)
+        args.span_scoring = args.span_scoring or script_args.span_scoring
+        args.reader = args.reader or recipe_reader(script_args.reward_funcs, script_args.reward_kwargs)
+    args.span_scoring, args.reader = args.span_scoring or "best_window", args.reader or "ours"
+    check_span_scoring(args.span_scoring, args.reader)
+    metrics = score_records(read_predictions(args.predictions), args.span_scoring, args.reader)
     text = json.dumps(metrics, indent=2)
     if args.output:
         Path(args.output).write_text(text)
@@ -465,9 +487,19 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument(
         "--span_scoring",
         choices=SPAN_SCORINGS,
-        default="best_window",
-        help=f"default best_window. {SPAN_SCORING_HELP}",
+        help=f"default: the --config recipe's span_scoring, else best_window. {SPAN_SCORING_HELP}",
     )
+    score.add_argument(
+        "--config",
+        help="a recipe YAML: score with its span_scoring, reading answers as its rewards do (reader)",
+    )
+    for command in (run, score):
+        command.add_argument(
+            "--reader",
+            choices=SET_READERS,
+            help="how span_scoring set reads an answer: ours, or timelens2 (TimeLens2's JSON reading and tIoU); "
+            "default: the reader of the --config recipe's tiou/twass/parse_penalty rewards, else ours",
+        )
     return parser
 
 

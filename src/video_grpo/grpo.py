@@ -26,7 +26,7 @@ from video_grpo.distributed import end_run, exit_process
 from video_grpo.families import family_of_model
 from video_grpo.memory_check import install_plan_check, wanted
 from video_grpo.plan.startup import check_plan, decode_cache_tokens, fit_run, log_startup_plan
-from video_grpo.rewards import resolve_reward_funcs
+from video_grpo.rewards import recipe_reader, resolve_reward_funcs
 from video_grpo.sample_weights import draw_weights
 from video_grpo.trainer import VideoGRPOTrainer
 
@@ -177,6 +177,7 @@ def build_trainer(
         peft_config=get_peft_config(model_args),
         grounding_eval_samples=script_args.eval_grounding_samples,
         span_scoring=script_args.span_scoring,
+        span_reader=recipe_reader(script_args.reward_funcs, script_args.reward_kwargs),
         max_bad_sample_fraction=script_args.max_bad_sample_fraction,
         freeze_vision_tower=script_args.freeze_vision_tower,
         gt_guidance=script_args.gt_guidance,

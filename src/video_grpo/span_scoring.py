@@ -6,7 +6,10 @@ names cannot live in evaluate without an import cycle. :mod:`video_grpo.evaluate
 
 - ``best_window``: the last span of the last ``<answer>`` block (else of the whole text); S > E is a parse
   failure; with several true windows, the best IoU over them.
-- ``set``: every predicted span, merged, against every true span (TimeLens2's multi-span IoU).
+- ``set``: every predicted span, merged, against every true span (TimeLens2's multi-span IoU), the answer read by
+  the recipe's reader (``reader``): ``ours`` (the last ``<answer>`` block or the whole text, ``S to E`` or JSON;
+  both sets merged) or ``timelens2`` (TimeLens2's reading and ``tiou``: :mod:`video_grpo.readers`), so that
+  evaluation and curation (and so the draw weights) read an answer as the recipe's training reward does.
 - ``timelens``: TimeLens's and TimeLens2's VLMEvalKit scoring (TencentARC/TimeLens ``evaluation/
   compute_metrics.py`` + ``timelens/utils.py``; MCG-NJU/TimeLens2 ``evaluation/vlmeval/dataset/timelens.py`` at
   2eb53e2, ``TimeLensBase.evaluate``): the whole output is read by their ``extract_time``
@@ -24,11 +27,12 @@ from video_grpo.answers import (
     parse_span_in,
     solution_spans,
 )
-from video_grpo.readers import plain_iou, timelens_pairs
+from video_grpo.readers import plain_iou, timelens2_set_iou, timelens2_spans, timelens_pairs
 from video_grpo.rewards import temporal_iou
 from video_grpo.span_sets import union_iou
 
 SPAN_SCORINGS = ("best_window", "set", "timelens")
+SET_READERS = ("ours", "timelens2")  # how ``set`` reads an answer: video_grpo.rewards.recipe_reader
 SPAN_SCORING_HELP = (
     "best_window: the last predicted span, best IoU over the true windows; set: TimeLens2's multi-span IoU of all "
     "predicted spans, merged, with all true spans; timelens: TimeLens's and TimeLens2's VLMEvalKit scoring (the "
@@ -38,9 +42,13 @@ SPAN_SCORING_HELP = (
 Span = tuple[float, float]
 
 
-def check_span_scoring(span_scoring: str) -> None:
+def check_span_scoring(span_scoring: str, reader: str = "ours") -> None:
     if span_scoring not in SPAN_SCORINGS:
         raise ValueError(f"span_scoring {span_scoring!r} is not one of {list(SPAN_SCORINGS)}")
+    if reader not in SET_READERS:
+        raise ValueError(
+            f"reader {reader!r} is not one of {list(SET_READERS)} (how span_scoring set reads an answer)"
+        )
 
 
 def parse_prediction(output: str | None) -> Span | None:
@@ -59,14 +67,24 @@ def query_iou(span: Span | None, solution) -> float:
     return max(temporal_iou(span, (float(s), float(e))) for s, e in windows)
 
 
-def parse_prediction_spans(output: str | None) -> list[Span] | None:
-    """Every span of the last ``<answer>`` block, else of the whole text; None on failure."""
-    return parse_answer_spans(output) if output else None
+def parse_prediction_spans(output: str | None, reader: str = "ours") -> list[Span] | None:
+    """Every span of an answer as ``reader`` reads it (ours: the last ``<answer>`` block, else the whole text);
+    None on failure."""
+    if not output:
+        return None
+    if reader == "timelens2":
+        return timelens2_spans(completion_text(output))
+    return parse_answer_spans(output)
 
 
-def set_iou(spans: list[Span] | None, solution) -> float:
-    """TimeLens2's multi-span IoU of the predicted span set with the true one(s); 0 on a parse failure."""
-    return 0.0 if spans is None else union_iou(spans, solution_spans(solution))
+def set_iou(spans: list[Span] | None, solution, reader: str = "ours") -> float:
+    """The multi-span IoU of the predicted span set with the true one(s); 0 on a parse failure. ``ours`` merges
+    both sets; ``timelens2`` is their ``tiou`` (true spans as annotated)."""
+    if spans is None:
+        return 0.0
+    if reader == "timelens2":
+        return timelens2_set_iou(spans, solution_spans(solution))
+    return union_iou(spans, solution_spans(solution))
 
 
 def timelens_prediction(output: str | None) -> Span | None:
@@ -81,23 +99,26 @@ def timelens_iou(span: Span | None, solution) -> float:
     return 0.0 if span is None else plain_iou(span, solution_spans(solution)[0])
 
 
-def scored_span(output: str | None, span_scoring: str = "best_window") -> list | None:
+def scored_span(output: str | None, span_scoring: str = "best_window", reader: str = "ours") -> list | None:
     """What ``span_scoring`` read from an answer, for a prediction record's ``span``: ``[S, E]`` (for ``set``,
     every span read, ``[[S, E], ...]``), or None when it read nothing."""
-    check_span_scoring(span_scoring)
+    check_span_scoring(span_scoring, reader)
     if span_scoring == "set":
-        spans = parse_prediction_spans(output)
+        spans = parse_prediction_spans(output, reader)
         return [list(span) for span in spans] if spans else None
     span = timelens_prediction(output) if span_scoring == "timelens" else parse_prediction(output)
     return list(span) if span else None
 
 
-def score_output(output: str | None, solution, span_scoring: str = "best_window") -> tuple[float, bool]:
-    """``(IoU, parsed)`` of one answer under ``span_scoring`` (see the module docstring)."""
-    check_span_scoring(span_scoring)
+def score_output(
+    output: str | None, solution, span_scoring: str = "best_window", reader: str = "ours"
+) -> tuple[float, bool]:
+    """``(IoU, parsed)`` of one answer under ``span_scoring`` (see the module docstring); ``reader`` is how
+    ``set`` reads the answer."""
+    check_span_scoring(span_scoring, reader)
     if span_scoring == "set":
-        spans = parse_prediction_spans(output)
-        return set_iou(spans, solution), spans is not None
+        spans = parse_prediction_spans(output, reader)
+        return set_iou(spans, solution, reader), spans is not None
     if span_scoring == "timelens":
         span = timelens_prediction(output)
         return timelens_iou(span, solution), span is not None

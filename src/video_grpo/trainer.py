@@ -113,6 +113,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         *args,
         grounding_eval_samples: int | None = 64,
         span_scoring: str = "best_window",
+        span_reader: str = "ours",
         max_bad_sample_fraction: float = 0.05,
         freeze_vision_tower: bool = False,
         encode_video_once: bool = True,
@@ -132,7 +133,8 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         """
         grounding_eval_samples: how many eval queries ``evaluate()`` answers greedily for R1@m / mIoU
             (None: all of them, 0: skip). span_scoring: how those answers are scored (the recipe's
-            ``span_scoring``; :mod:`video_grpo.span_scoring`).
+            ``span_scoring``; :mod:`video_grpo.span_scoring`). span_reader: how ``set`` reads an answer (the recipe's
+            rewards' reader, :func:`video_grpo.rewards.recipe_reader`).
         max_bad_sample_fraction: stop when more than this share of the prompts seen had an unreadable video
             (each is replaced by another sample by the dataset; see ``video_grpo.data.VideoTransform``).
         freeze_vision_tower: train the language model only. train_vision_merger: with it, the vision module's
@@ -175,8 +177,8 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         self._guided: dict[int, list[int]] = {}  # row -> guided answer tokens, for the batch being generated
         self._rewards_per_func: torch.Tensor | None = None
         self.grounding_eval_samples = grounding_eval_samples
-        check_span_scoring(span_scoring)  # now, not at the first evaluation
-        self.span_scoring = span_scoring
+        check_span_scoring(span_scoring, span_reader)  # now, not at the first evaluation
+        self.span_scoring, self.span_reader = span_scoring, span_reader
         self.max_bad_sample_fraction = max_bad_sample_fraction
         self._bad_samples_seen = 0
         self._samples_seen = 0
@@ -352,11 +354,11 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
                 )
                 real = max(0, min(batch_size, len(indices) - start))  # the rest of the batch is padding
                 records += [
-                    prediction_record(row, out, span_scoring=self.span_scoring)
+                    prediction_record(row, out, span_scoring=self.span_scoring, reader=self.span_reader)
                     for row, out in zip(rows[:real], outputs[:real], strict=True)
                 ]
             model.train(was_training)
-        metrics = score_records(gather_object(records), self.span_scoring)
+        metrics = score_records(gather_object(records), self.span_scoring, self.span_reader)
         return {
             k: v for k, v in metrics.items() if k.startswith("R1@") or k in ("mIoU", "num_parse_failures")
         }
