@@ -5,33 +5,29 @@ where each dataset column (``solution``, ``duration``, ...) arrives as a per-sam
 either strings or conversational ``[{"role": "assistant", "content": ...}]`` lists. They never raise on
 model output and always return one float per completion.
 
-Answers are read by :mod:`video_grpo.answers` (shared with evaluation): the last ``<answer>`` block counts, and
-in it ``S to E`` spans or TimeLens2's JSON ``[[S, E], ...]``. S > E, negative values and values above 10^6 s are
-unparsable and score 0. For rewards, predicted spans are then clipped to ``[0, duration]`` when the duration is
-known; true spans are used as given.
+How an answer is read is the ``reader`` of a span reward (:mod:`video_grpo.readers`; ``reward_kwargs:
+{iou: {reader: time_r1}}``), so that a preset that follows a published recipe scores every answer form as its
+authors' code does (tests/test_authors_rewards.py):
 
-Answer-only answers (``iou_answer_only``, TimeLens, arXiv 2512.14698): the completion is one sentence,
-``The event happens in S - E seconds.``, with no ``<think>`` or ``<answer>`` tags. :func:`parse_answer_only`
-reads the last ``S - E`` (or ``S to E``) anywhere in it; an ``<answer>`` block, if the model writes one anyway,
-wins, exactly as :func:`video_grpo.evaluate.parse_prediction` scores it, so training and evaluation read an
-answer the same way. The reward is that span's IoU alone: TimeLens trains with no format term.
+- ``ours`` (:mod:`video_grpo.answers`, shared with evaluation): the last ``<answer>`` block counts, and in it
+  ``S to E`` spans or the JSON ``[[S, E], ...]``. S > E, negative values and values above 10^6 s are unparsable
+  and score 0. Predicted spans are then clipped to ``[0, duration]`` when the duration is known; true spans are
+  used as given. The default of ``iou``, ``iou_dist`` and ``format``.
+- ``timelens2``: TimeLens2's JSON reading and set IoU, nothing clipped; the default of ``tiou``, ``twass`` and
+  ``parse_penalty`` (TimeLens2's rewards, trained as ``twass1,tiou,parse_penalty``).
+- ``timelens``: TimeLens's ``tiou_reward``, the first pair of its parser, nothing clipped; the default of
+  ``iou_answer_only`` (answers ``The event happens in S - E seconds.``, no tags, no format term).
+- ``time_r1``: Time-R1's and TimeZero's ``iou``, ``iou_v2`` (our ``iou_dist``) and tags-only ``format``.
 
 Multi-span answers (``multi_span_iou``): every span in the last answer block (``S to E`` separated by ``;`` or
 ``,``, or the JSON form) is a predicted span. Predicted and true spans are each merged into a union of
 intervals, and the reward is |pred ∩ true| / |pred ∪ true| measured in seconds. Overlapping predictions
 therefore cannot earn double credit, and one long span covering every true window is penalised by the union.
 
-TimeLens2's rewards (MCG-NJU/TimeLens2; its recipe trains with ``twass1,tiou,parse_penalty``):
-
-- ``twass``: exp(-beta * W1 / L) of every answered span against every true span
-  (:func:`video_grpo.span_sets.twass_score`). Unlike IoU it is above 0 for a miss and falls with the miss's
-  distance, so a group of answers that all miss still gets an ordering. It reads the answer as
-  :func:`video_grpo.answers.parse_answer_spans` does: the last ``<answer>`` block, or the whole completion
-  when it has none (TimeLens2's answers are untagged JSON). 0 when nothing parses.
-- ``tiou``: the union IoU of every answered span with every true span (as ``multi_span_iou``), reading the
-  answer as ``twass`` does; TimeLens2's ``tiou``. Their presets need it rather than ``iou``: ``iou`` reads only an
-  ``<answer>`` block, so it gives 0 to every untagged JSON answer.
-- ``parse_penalty``: 0 when that answer parses, -1 when it does not.
+``twass`` (:func:`video_grpo.span_sets.twass_score`) is exp(-beta * W1 / L) of every answered span against every
+true span, L the merged true length (TimeLens2 since f07353b; ``normalizer: union`` is their earlier form). Unlike
+IoU it is above 0 for a miss and falls with the miss's distance, so a group of answers that all miss still gets an
+ordering. Built-in rewards' parameters are checked when the recipe is parsed (:func:`check_params`).
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@ A span set is a list of ``(start, end)`` pairs in seconds, ``start <= end``. It 
 intervals, so overlapping or touching spans are merged before anything is measured: a set reads the same
 however it is cut into pieces.
 
-``twass_score`` (TimeLens2, MCG-NJU/TimeLens2, ``grpo/timelens/rewards``): R = exp(-beta * W1 / L), where W1 is
-the 1-D Wasserstein-1 distance between the uniform distributions on the two merged sets and L is the measure
-(total length) of the union of both sets. IoU is 0 for every miss; W1 keeps growing with the distance of a miss,
-so answers that miss the truth by different amounts still get different rewards. W1 and L both scale with
-time, so R is unchanged by a common shift or stretch of all times.
+``twass_score`` (TimeLens2, MCG-NJU/TimeLens2 at f07353b, ``grpo/timelens/rewards/metrics.py``): R =
+exp(-beta * W1 / L), where W1 is the 1-D Wasserstein-1 distance between the uniform distributions on the two merged
+sets and L is the measure of the merged true set (their earlier release, ``normalizer="union"``: of the union of
+both sets, which a broad answer enlarges, so it lost little). IoU is 0 for every miss; W1 keeps growing with the
+distance of a miss, so answers that miss the truth by different amounts still get different rewards. W1 and L both
+scale with time, so R is unchanged by a common shift or stretch of all times.
 
 W1 is computed exactly, from the quantile functions: for distributions on the line,
 W1 = integral over u in [0, 1] of |Q_p(u) - Q_t(u)| du, and the quantile function of a uniform distribution on
@@ -17,8 +18,8 @@ disjoint intervals is piecewise linear in u, so the integral is a sum of integra
 Zero-length spans: a point has no length, so beside spans of positive length it carries no mass and is
 ignored. A set whose spans all have zero length is taken as the limit of ever shorter spans: equal mass on
 each distinct point. This keeps R continuous in the endpoints (a 0.01 s span and a point at the same place
-score alike). L then measures only the positive-length parts; when both sets have zero length, L = 0 and R is
-1 for equal point sets and 0 otherwise.
+score alike). L then measures only the positive-length parts; when the normalising set has zero length, L = 0
+and R is 1 when W1 is 0 and 0 otherwise.
 """
 
 from __future__ import annotations
