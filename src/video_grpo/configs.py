@@ -279,9 +279,10 @@ class GRPOScriptArguments:
         default=0.0,
         metadata={
             "help": "TimeLens2's draw weights (video_grpo.sample_weights). 0 (default): TRL's shuffled pass over "
-            "the queries. > 0: each generation batch's prompts are drawn, with replacement, with probability "
-            "proportional to (1 - mean reward + 1e-8)^power, the mean reward being the starting model's, per "
-            "query, from sample_weight_file. TimeLens2's released recipe: 2."
+            "the queries. > 0: each epoch orders the queries by weight, without replacement (TimeLens2's draw): the "
+            "next prompt is drawn from those left with probability proportional to (1 - mean reward + 1e-8)^power, "
+            "the mean reward being the starting model's, per query, from sample_weight_file, so hard queries come "
+            "early and every query still comes once an epoch. TimeLens2's released recipe: 2."
         },
     )
     sample_weight_file: str | None = field(
@@ -289,7 +290,8 @@ class GRPOScriptArguments:
         metadata={
             "help": "Per-query JSONL with each training query's id and mean reward (sample_weight_field), "
             "measured with the starting model: curate's per_query.jsonl (python -m video_grpo.curate). Needed "
-            "when sample_weight_mean_power > 0; every train_file id must be in it."
+            "when sample_weight_mean_power > 0. A query with fewer than 2 answers there (k < 2), or none, counts as "
+            "mean 0, the largest weight (one warning gives the count); a file holding none of the ids is an error."
         },
     )
     sample_weight_field: str = field(

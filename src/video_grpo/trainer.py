@@ -54,7 +54,7 @@ from video_grpo.processing import (
     vision_placeholder_ids,
 )
 from video_grpo.rewards import DEFAULT_ANSWER_TEMPLATE
-from video_grpo.sample_weights import WeightedRepeatSampler, relative_weights
+from video_grpo.sample_weights import SamplerEpoch, WeightedRepeatSampler, relative_weights
 
 logger = logging.getLogger(__name__)
 
@@ -148,8 +148,8 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             it as a CUDA graph where that is safe (the cache then stays allocated). decode_cache_tokens: the
             static cache's length, the longest prompt the recipe allows + max_completion_length (None: from the
             first generation call).
-        sample_weights: each training row's draw probability (TimeLens2's, ``video_grpo.sample_weights``); the
-            prompts are then drawn by weight, with replacement. None: TRL's shuffled pass.
+        sample_weights: each training row's draw probability (TimeLens2's, ``video_grpo.sample_weights``); each
+            epoch then orders the prompts by weight, without replacement. None: TRL's shuffled pass.
         """
         super().__init__(*args, **kwargs)
         if sample_weights is not None and len(sample_weights) != len(self.train_dataset):
@@ -157,6 +157,9 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
                 f"sample_weights: {len(sample_weights)} weights for {len(self.train_dataset)} training rows"
             )
         self.sample_weights = sample_weights
+        self._sampler_epoch = SamplerEpoch()  # names each epoch to the weighted sampler, also after a resume
+        if sample_weights is not None:
+            self.add_callback(self._sampler_epoch)
         # TRL switches checkpointing off and on around generation; each switch-on adds an input-gradient hook
         keep_one_input_grad_hook(self.model)
         self.gt_guidance = gt_guidance
@@ -418,13 +421,16 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
     def _get_train_sampler(self, dataset=None):
         if self.sample_weights is None:
             return super()._get_train_sampler(dataset)
-        return WeightedRepeatSampler(
+        sampler = WeightedRepeatSampler(
             self.sample_weights,
             mini_repeat_count=self.num_generations,
             batch_size=self.args.generation_batch_size // self.num_generations,
             repeat_count=self.num_iterations * self.args.steps_per_generation,
             seed=self.args.seed,
         )
+        if getattr(self, "_sampler_epoch", None) is not None:
+            self._sampler_epoch.sampler = sampler
+        return sampler
 
     # Why: each prompt is prefilled once for its G answers (video_grpo.prefill); with gt_guidance, the last
     # answer of each group is the annotated span, not a sample.
