@@ -14,13 +14,15 @@ import time
 
 import psutil
 import pytest
+import torch
 import yaml
 
 from video_grpo.annotations import AnnotationError, load_annotations
 from video_grpo.checkpoints import is_complete, last_complete_checkpoint
-from video_grpo.data import build_dataset
+from video_grpo.data import build_dataset, set_replacement_weights
 from video_grpo.evaluate import parse_prediction
 from video_grpo.rewards import REWARD_FUNCS
+from video_grpo.sample_weights import mean_reward_weights
 
 from .conftest import REPO, SAMPLES
 from .test_launch import ENV, launch, launch_command
@@ -98,6 +100,62 @@ def test_replacement_is_deterministic_and_shared_by_repeats(tmp_path):
     assert rows[0]["id"] == rows[1]["id"] == again[0]["id"] != "bad_0"
     assert rows[0]["video_frames"] is rows[1]["video_frames"]
     assert rows[2]["bad_sample"] is None
+
+
+def test_a_replaced_row_keeps_the_index_drawn_and_is_replaced_by_the_draw_weights(tmp_path):
+    """A bad video's row becomes another row (every column, row_index and id included), but drawn_row_index keeps
+    the row the sampler drew. Without draw weights the replacement is uniform, as before; with them it is drawn by
+    the weights, deterministically from the drawn row (the same for each repeat)."""
+    annotations, videos = mixed_dataset(tmp_path, good=3, bad_kinds=["empty"])
+    dataset = build_dataset(annotations, video_root=videos, sampling=SAMPLING)
+    ids = list(dataset.with_format(None)["id"])
+    bad = ids.index("bad_0")
+    rows = dataset.__getitems__([bad, bad, 0])
+    assert rows[0]["drawn_row_index"] == rows[1]["drawn_row_index"] == bad and rows[2]["drawn_row_index"] == 0
+    assert rows[0]["row_index"] != bad and rows[0]["id"] == ids[rows[0]["row_index"]] != "bad_0"
+    transform = dataset.format["format_kwargs"]["transform"]
+    uniform = [transform.replacement_candidates(seed)[0] for seed in range(4000)]
+    assert sorted(set(uniform)) == [0, 1, 2, 3]
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    set_replacement_weights(dataset, p)
+    firsts = torch.tensor([transform.replacement_candidates(seed)[0] for seed in range(4000)])
+    share = torch.bincount(firsts, minlength=4).double() / len(firsts)
+    assert ((share - p).abs() < 5 * (p * (1 - p) / len(firsts)).sqrt()).all(), share
+    set_replacement_weights(dataset, torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64) + 1e-12)
+    again = dataset.__getitems__([bad, bad])
+    assert again[0]["id"] == again[1]["id"] == ids[2] and again[0]["drawn_row_index"] == bad
+
+
+def test_the_logged_relative_weight_is_the_drawn_querys(tiny_model_dir, tmp_path):
+    """sample_weight/relative_weight is N p of the query the sampler drew, also when its video was bad and another
+    query trained in its place (it used to log the replacement's weight)."""
+    annotations, videos = mixed_dataset(tmp_path, good=3, bad_kinds=["empty"])
+    dataset = build_dataset(annotations, video_root=videos, sampling=SAMPLING)
+    p = mean_reward_weights([1.0, 1.0, 1.0, 0.0], 2)  # bad_0 (row 3) comes first; the others weigh 1e-16
+    trainer = make_trainer(
+        tiny_model_dir,
+        dataset,
+        tmp_path,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        trainer_kwargs={"sample_weights": p},
+    )
+    seen = []
+    original = trainer._generate_and_score_completions
+
+    def spy(inputs):
+        seen.extend((x["id"], x["drawn_row_index"]) for x in inputs)
+        return original(inputs)
+
+    trainer._generate_and_score_completions = spy
+    trainer.train()
+    assert {drawn for _, drawn in seen} == {3} and "bad_0" not in {query for query, _ in seen}
+    relative = [
+        h["sample_weight/relative_weight"]
+        for h in trainer.state.log_history
+        if "sample_weight/relative_weight" in h
+    ]
+    assert relative == pytest.approx([4 * float(p[3])], rel=1e-6)
 
 
 def recorded_steps(folder, ranks: int = 2) -> dict[int, list[str]]:

@@ -13,6 +13,12 @@ Check a dataset before spending GPU hours on it::
 
 It exits with status 1 when the data could not train (no usable query, or a missing or unreadable video)
 and 2 when the annotations themselves are malformed.
+
+A training row whose video cannot be read is not dropped: :class:`VideoTransform` puts another row in its place
+(the same one for the G repeats of a prompt), and that row is what the rewards score and the policy trains on.
+Its ``drawn_row_index`` still names the row the sampler drew, so the logged draw weight and the count of prompts
+seen are the drawn query's; with TimeLens2's draw weights the replacement itself is drawn by those weights, so the
+queries trained keep the drawn distribution p.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import random
 import sys
 from pathlib import Path
 
+import torch
 from datasets import Dataset
 from tqdm.auto import tqdm
 
@@ -43,11 +50,18 @@ def build_prompt(sentence: str, duration: float, template: str = DEFAULT_PROMPT)
 
 
 class VideoTransform:
-    """``set_transform`` callable: adds ``prompt``, ``video_frames``, ``video_metadata`` and ``bad_sample``.
+    """``set_transform`` callable: adds ``prompt``, ``video_frames``, ``video_metadata``, ``bad_sample`` and
+    ``drawn_row_index``.
 
     A row whose video cannot be read is replaced by another row, chosen deterministically from its
-    ``row_index`` (so the G repeats of a prompt get the same replacement); ``bad_sample`` then names the
-    failed file and the reason, and the trainer counts and logs it. Without ``records`` (the rows to draw
+    ``row_index`` (so the G repeats of a prompt get the same replacement): every column then holds the
+    replacement's values, ``row_index`` and ``id`` included, so the rewards score the query actually trained on,
+    while ``drawn_row_index`` keeps the index of the row the sampler drew, so what is logged about the draw
+    (``sample_weight/relative_weight``) and the count of prompts seen are about the drawn query. ``bad_sample``
+    names the failed file and the reason, and the trainer counts and logs it. The replacement is drawn uniformly
+    among the rows, or, once the trainer sets ``replacement_weights`` (TimeLens2's draw weights,
+    :func:`set_replacement_weights`), with those probabilities: the query trained in place of a bad one is then
+    drawn as the sampler draws, and the trained distribution stays p. Without ``records`` (the rows to draw
     replacements from) a bad video raises :class:`VideoReadError`.
 
     A plain class (not a closure) so the dataset pickles into DataLoader worker processes.
@@ -68,6 +82,7 @@ class VideoTransform:
         self.cache_dir = cache_dir
         self.records = records
         self.cache_format = cache_format
+        self.replacement_weights: torch.Tensor | None = None
 
     def _load(self, path: str, decoded: dict):
         if path not in decoded:  # the G repeats of a prompt share one decode
@@ -77,9 +92,19 @@ class VideoTransform:
                 decoded[path] = err
         return decoded[path]
 
+    def replacement_candidates(self, row_index: int) -> list[int]:
+        """The rows tried, in order, in place of row ``row_index``: a function of it alone, so every repeat of a
+        prompt (and every rank) gets the same; by ``replacement_weights`` when set, else uniform."""
+        tries = min(len(self.records), self.max_replacement_tries)
+        if self.replacement_weights is None:
+            return random.Random(row_index).sample(range(len(self.records)), tries)
+        generator = torch.Generator().manual_seed(row_index)
+        return torch.multinomial(
+            self.replacement_weights, tries, replacement=False, generator=generator
+        ).tolist()
+
     def _replacement(self, row_index: int, decoded: dict) -> tuple[dict, object]:
-        rng = random.Random(row_index)
-        candidates = rng.sample(range(len(self.records)), min(len(self.records), self.max_replacement_tries))
+        candidates = self.replacement_candidates(row_index)
         for candidate in candidates:
             record = self.records[candidate]
             video = self._load(record["video"], decoded)
@@ -93,6 +118,8 @@ class VideoTransform:
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
         batch = {key: list(values) for key, values in batch.items()}
         rows = len(batch["video"])
+        if "row_index" in batch:  # kept through a replacement, which overwrites row_index
+            batch["drawn_row_index"] = list(batch["row_index"])
         decoded: dict = {}
         frames, metadata, bad = [], [], []
         for i in range(rows):
@@ -104,7 +131,7 @@ class VideoTransform:
                 problem = str(video)
                 record, video = self._replacement(batch["row_index"][i], decoded)
                 for key, value in record.items():
-                    if key in batch:
+                    if key in batch and key != "drawn_row_index":
                         batch[key][i] = value
             frames.append(video.frames)
             metadata.append(video.metadata)
@@ -171,6 +198,18 @@ def build_dataset(
             "missing (run `python -m video_grpo.data check` for the list)"
         )
     return dataset
+
+
+def set_replacement_weights(dataset: Dataset, probabilities: torch.Tensor) -> None:
+    """Draw the replacement of a bad video by ``probabilities`` (one per row), as the sampler draws the rows
+    (:class:`VideoTransform`). The transform is held by reference, so DataLoader workers started later get it."""
+    transform = dataset.format.get("format_kwargs", {}).get("transform")
+    if isinstance(transform, VideoTransform) and transform.records is not None:
+        if len(probabilities) != len(transform.records):
+            raise ValueError(
+                f"replacement weights: {len(probabilities)} for {len(transform.records)} rows of the dataset"
+            )
+        transform.replacement_weights = probabilities.double()
 
 
 def dataset_kwargs(script_args, family) -> dict:
