@@ -24,6 +24,7 @@ from video_grpo.configs import GRPOScriptArguments, validate_recipe
 from video_grpo.data import build_datasets
 from video_grpo.distributed import end_run, exit_process
 from video_grpo.families import family_of_model
+from video_grpo.guidance import check_guided_template
 from video_grpo.memory_check import install_plan_check, wanted
 from video_grpo.plan.startup import check_plan, decode_cache_tokens, fit_run, log_startup_plan
 from video_grpo.rewards import resolve_reward_funcs
@@ -145,6 +146,9 @@ def build_trainer(
         model_args.model_name_or_path, model_args.model_revision, training_args.trust_remote_code
     )
     train_dataset, eval_dataset = build_datasets(script_args, family)
+    if script_args.gt_guidance:  # a one-span guided answer cannot write a multi-span query: refuse it now
+        where = {None: f"train_file {script_args.train_file}"}
+        check_guided_template(script_args.answer_template, train_dataset, where)
     sample_weights = None
     # TimeLens2's draw weights, from the starting model's mean IoU per query (video_grpo.sample_weights)
     if script_args.sample_weight_mean_power > 0:
