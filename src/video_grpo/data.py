@@ -12,7 +12,8 @@ Check a dataset before spending GPU hours on it::
         --video_root /data/Charades_v1
 
 It exits with status 1 when the data could not train (no usable query, or a missing or unreadable video)
-and 2 when the annotations themselves are malformed.
+and 2 when the annotations themselves are malformed. For a recipe with ``train_sources`` (several annotation
+sources, :mod:`video_grpo.sources`) it checks and reports each source, and every error names its source.
 
 A training row whose video cannot be read is not dropped: :class:`VideoTransform` puts another row in its place
 (the same one for the G repeats of a prompt), and that row is what the rewards score and the policy trains on.
@@ -38,6 +39,7 @@ from video_grpo.annotations import DEFAULT_EXTENSIONS, AnnotationError, DataRepo
 from video_grpo.configs import DEFAULT_PROMPT
 from video_grpo.families import FAMILIES, family_of_recipe
 from video_grpo.frame_cache import DEFAULT_CACHE_FORMAT, load_video
+from video_grpo.sources import DataSource, load_source, load_sources, recipe_sources
 from video_grpo.video import SamplingConfig, VideoReadError, probe_video, read_video
 
 logger = logging.getLogger(__name__)
@@ -76,12 +78,14 @@ class VideoTransform:
         cache_dir: str | None = None,
         records: list[dict] | None = None,
         cache_format: str = DEFAULT_CACHE_FORMAT,
+        source_templates: dict[str, str] | None = None,
     ):
         self.sampling = sampling
         self.prompt_template = prompt_template
         self.cache_dir = cache_dir
         self.records = records
         self.cache_format = cache_format
+        self.source_templates = source_templates or {}  # data_source -> its prompt template
         self.replacement_weights: torch.Tensor | None = None
 
     def _load(self, path: str, decoded: dict):
@@ -137,9 +141,10 @@ class VideoTransform:
             metadata.append(video.metadata)
             bad.append(problem)
         batch["video_frames"], batch["video_metadata"], batch["bad_sample"] = frames, metadata, bad
+        sources = batch.get("data_source") or [None] * rows  # a replaced row takes its replacement's source
         batch["prompt"] = [
-            build_prompt(s, d, self.prompt_template)
-            for s, d in zip(batch["sentence"], batch["duration"], strict=True)
+            build_prompt(s, d, self.source_templates.get(source, self.prompt_template))
+            for s, d, source in zip(batch["sentence"], batch["duration"], sources, strict=True)
         ]
         return batch
 
@@ -158,45 +163,90 @@ def build_dataset(
     allow_absolute_video_paths: bool = False,
     replace_bad_samples: bool = True,
     cache_format: str = DEFAULT_CACHE_FORMAT,
+    normalize_query: bool = False,
 ) -> Dataset:
     """A ``Dataset`` whose rows decode their video on access. See :mod:`video_grpo.annotations` for formats.
 
     ``replace_bad_samples``: for training, a row whose video cannot be read becomes another row; evaluation
     turns it off, so every query is answered for itself or reported as failed. ``cache_dir`` and
-    ``cache_format``: where and in which format (:mod:`video_grpo.frame_cache`) to look for stored frames."""
-    records, report = load_annotations(
-        annotation_file,
+    ``cache_format``: where and in which format (:mod:`video_grpo.frame_cache`) to look for stored frames.
+    ``normalize_query``: fold whitespace and drop trailing periods of each query (TimeLens2's ``parse_query``)."""
+    source = DataSource(
+        None,
+        str(annotation_file),
         dataset_format,
-        video_root,
-        durations_file,
-        tuple(video_extensions),
-        strict,
-        allow_absolute_video_paths,
+        None if video_root is None else str(video_root),
+        None if durations_file is None else str(durations_file),
+        prompt_template,
+        normalize_query,
     )
+    records, report = load_source(source, tuple(video_extensions), strict, allow_absolute_video_paths)
+    return _lazy_dataset(
+        records,
+        [(source, report)],
+        max_samples,
+        VideoTransform(sampling or SamplingConfig(), prompt_template, cache_dir, None, cache_format),
+        replace_bad_samples,
+    )
+
+
+def build_sources_dataset(
+    sources: list[DataSource],
+    sampling: SamplingConfig | None = None,
+    max_samples: int | None = None,
+    video_extensions: tuple[str, ...] = DEFAULT_EXTENSIONS,
+    strict: bool = False,
+    cache_dir: str | None = None,
+    allow_absolute_video_paths: bool = False,
+    replace_bad_samples: bool = True,
+    cache_format: str = DEFAULT_CACHE_FORMAT,
+    prompt_template: str = DEFAULT_PROMPT,
+) -> Dataset:
+    """:func:`build_dataset` over several named sources (:mod:`video_grpo.sources`): their rows in order, ids
+    ``<source>/<id>``, each row's prompt from its source's template (``prompt_template`` for none)."""
+    records, reports = load_sources(sources, tuple(video_extensions), strict, allow_absolute_video_paths)
+    transform = VideoTransform(
+        sampling or SamplingConfig(),
+        prompt_template,
+        cache_dir,
+        None,
+        cache_format,
+        {source.name: source.prompt_template for source in sources},
+    )
+    return _lazy_dataset(records, reports, max_samples, transform, replace_bad_samples)
+
+
+def _lazy_dataset(
+    records: list[dict],
+    reports: list[tuple[DataSource, DataReport]],
+    max_samples: int | None,
+    transform: VideoTransform,
+    replace_bad_samples: bool,
+) -> Dataset:
+    """The first ``max_samples`` records as a ``Dataset``, rows numbered, frames decoded on access by
+    ``transform`` (which draws replacements from these rows when ``replace_bad_samples``); each source's skipped,
+    clamped and missing items logged."""
     if max_samples is not None:
         records = records[:max_samples]
     if not records:
-        raise AnnotationError(
-            f"{annotation_file}: no usable records ({len(report.invalid_spans)} invalid spans)"
+        invalid = sum(len(report.invalid_spans) for _, report in reports)
+        where = ", ".join(
+            source.train_file if source.name is None else source.describe() for source, _ in reports
         )
+        raise AnnotationError(f"{where}: no usable records ({invalid} invalid spans)")
     for index, record in enumerate(records):
         record["row_index"] = index
     dataset = Dataset.from_list(records)
-    dataset.set_transform(
-        VideoTransform(
-            sampling or SamplingConfig(),
-            prompt_template,
-            cache_dir,
-            records if replace_bad_samples else None,
-            cache_format,
-        )
-    )
-    if report.invalid_spans or report.clamped_spans or report.missing_videos:
-        logger.warning(
-            f"{annotation_file}: {report.records} queries; skipped {len(report.invalid_spans)} with start >= end, "
-            f"clamped {len(report.clamped_spans)} ending after their video, {len(report.missing_videos)} videos "
-            "missing (run `python -m video_grpo.data check` for the list)"
-        )
+    transform.records = records if replace_bad_samples else None
+    dataset.set_transform(transform)
+    for source, report in reports:
+        if report.invalid_spans or report.clamped_spans or report.missing_videos:
+            logger.warning(
+                f"{source.train_file if source.name is None else source.describe()}: {report.records} queries; "
+                f"skipped {len(report.invalid_spans)} with start >= end, clamped {len(report.clamped_spans)} ending "
+                f"after their video, {len(report.missing_videos)} videos missing (run `python -m video_grpo.data "
+                "check` for the list)"
+            )
     return dataset
 
 
@@ -228,11 +278,42 @@ def dataset_kwargs(script_args, family) -> dict:
     }
 
 
+def build_train_dataset(
+    script_args, family, max_samples: int | None = None, replace_bad_samples: bool = True
+) -> Dataset:
+    """The recipe's training rows: its ``train_sources`` (:mod:`video_grpo.sources`) or its ``train_file``."""
+    kwargs = dataset_kwargs(script_args, family)
+    if not script_args.train_sources:
+        return build_dataset(
+            script_args.train_file,
+            max_samples=max_samples,
+            replace_bad_samples=replace_bad_samples,
+            normalize_query=script_args.normalize_query,
+            **kwargs,
+        )
+    return build_sources_dataset(
+        recipe_sources(script_args),
+        kwargs["sampling"],
+        max_samples,
+        kwargs["video_extensions"],
+        kwargs["strict"],
+        kwargs["cache_dir"],
+        kwargs["allow_absolute_video_paths"],
+        replace_bad_samples,
+        kwargs["cache_format"],
+        script_args.prompt_template,
+    )
+
+
 def build_datasets(script_args, family) -> tuple[Dataset, Dataset | None]:
     """Train and (optional) eval datasets from ``GRPOScriptArguments``, sampled for ``family``."""
-    kwargs = dataset_kwargs(script_args, family)
-    train = build_dataset(script_args.train_file, max_samples=script_args.max_train_samples, **kwargs)
-    evaluation = build_dataset(script_args.eval_file, **kwargs) if script_args.eval_file else None
+    train = build_train_dataset(script_args, family, script_args.max_train_samples)
+    evaluation = None
+    if script_args.eval_file:
+        kwargs = dataset_kwargs(script_args, family)
+        evaluation = build_dataset(
+            script_args.eval_file, normalize_query=script_args.normalize_query, **kwargs
+        )
     return train, evaluation
 
 
@@ -364,7 +445,18 @@ def check_main(argv: list[str] | None = None) -> int:
     if args.config:
         from video_grpo.configs import script_args_from_yaml
 
-        script_args = script_args_from_yaml(args.config)
+        try:
+            script_args = script_args_from_yaml(args.config)
+        except ValueError as err:
+            print(f"error: {args.config}: {err}", file=sys.stderr)
+            return 2
+        if args.split == "train" and script_args.train_sources:
+            if args.write_durations:
+                parser.error(
+                    "--write_durations reads one annotation file; with train_sources, run it with --annotations "
+                    "and --video_root of the source that needs durations"
+                )
+            return check_sources_main(args, script_args)
         annotations = script_args.train_file if args.split == "train" else script_args.eval_file
         if not annotations:
             parser.error(f"{args.config} sets no {args.split}_file")
@@ -422,6 +514,63 @@ def check_main(argv: list[str] | None = None) -> int:
     else:
         print(format_summary(annotations, report, args.decode))
     return 0 if report.can_train else 1
+
+
+def check_sources_main(args: argparse.Namespace, script_args) -> int:
+    """``data check --config`` for a recipe with ``train_sources``: each source loaded and its videos checked on its
+    own, a summary (or a JSON object) per source, every error naming the source. Exit codes as for one file."""
+    from video_grpo.sources import missing_source_paths
+
+    sources = recipe_sources(script_args)
+    problems = missing_source_paths(sources)
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    family = family_of_recipe(args.config, args.model_family) if args.decode else FAMILIES["qwen2_5_vl"]
+    sampling = SamplingConfig.from_args(script_args, family) if args.decode else None
+    strict = args.strict or script_args.strict_data
+    checked = []
+    for source in sources:
+        try:
+            records, report = load_source(
+                source, tuple(script_args.video_extensions), strict, script_args.allow_absolute_video_paths
+            )
+        except (AnnotationError, FileNotFoundError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        check_videos(report, sorted({r["video"] for r in records}), sampling, quiet=args.json)
+        checked.append((source, report))
+    can_train = all(report.can_train for _, report in checked)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "sources": {
+                        source.name: {
+                            "annotations": source.train_file,
+                            "can_train": report.can_train,
+                            **report.as_dict(),
+                        }
+                        for source, report in checked
+                    },
+                    "records": sum(report.records for _, report in checked),
+                    "can_train": can_train,
+                }
+            )
+        )
+    else:
+        for source, report in checked:
+            print(f"== source {source.name} ==")
+            print(format_summary(source.train_file, report, args.decode))
+            print()
+        not_ready = [source.name for source, report in checked if not report.can_train]
+        total = sum(report.records for _, report in checked)
+        print(
+            f"all sources: {total} usable queries in {len(checked)} sources; "
+            + ("OK: the data can train." if can_train else f"NOT READY: fix the sources {not_ready} above.")
+        )
+    return 0 if can_train else 1
 
 
 def main(argv: list[str] | None = None) -> int:

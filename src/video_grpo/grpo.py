@@ -29,6 +29,7 @@ from video_grpo.memory_check import install_plan_check, wanted
 from video_grpo.plan.startup import check_plan, decode_cache_tokens, fit_run, log_startup_plan
 from video_grpo.rewards import resolve_reward_funcs
 from video_grpo.sample_weights import draw_weights
+from video_grpo.sources import recipe_sources
 from video_grpo.trainer import VideoGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ def build_trainer(
     )
     train_dataset, eval_dataset = build_datasets(script_args, family)
     if script_args.gt_guidance:  # a one-span guided answer cannot write a multi-span query: refuse it now
-        where = {None: f"train_file {script_args.train_file}"}
+        where = {source.name: source.describe() for source in recipe_sources(script_args)}
         check_guided_template(script_args.answer_template, train_dataset, where)
     sample_weights = None
     # TimeLens2's draw weights, from the starting model's mean IoU per query (video_grpo.sample_weights)
