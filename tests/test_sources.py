@@ -151,6 +151,11 @@ def test_a_source_falls_back_to_the_recipe_and_null_means_none(tmp_path):
             r"train_sources.a.prompt_template: must contain",
         ),
         (
+            {"a": {"train_file": "x", "prompt_template": "When does '{query}' happen?"}},
+            {},
+            r"train_sources.a.prompt_template: must contain .*write it \{query\}: rename it \{sentence\}",
+        ),
+        (
             {"a": {"train_file": "x", "normalize_query": "yes"}},
             {},
             r"train_sources.a.normalize_query: must be true or",

@@ -117,8 +117,15 @@ def parse_train_sources(value) -> dict[str, dict] | None:
             )
         template = settings.get("prompt_template")
         if template is not None and "{sentence}" not in template:
-            raise ValueError(f"{where}.prompt_template: must contain '{{sentence}}' where the query goes")
-        if "normalize_query" in settings and not isinstance(settings["normalize_query"], bool):
+            hint = (
+                " (TimeLens2's templates write it {query}: rename it {sentence})"
+                if "{query}" in template
+                else ""
+            )
+            raise ValueError(
+                f"{where}.prompt_template: must contain '{{sentence}}' where the query goes{hint}"
+            )
+        if settings.get("normalize_query") is not None and not isinstance(settings["normalize_query"], bool):
             raise ValueError(
                 f"{where}.normalize_query: must be true or false, got {settings['normalize_query']!r}"
             )
