@@ -14,13 +14,15 @@ import time
 
 import psutil
 import pytest
+import torch
 import yaml
 
 from video_grpo.annotations import AnnotationError, load_annotations
 from video_grpo.checkpoints import is_complete, last_complete_checkpoint
-from video_grpo.data import build_dataset
+from video_grpo.data import build_dataset, set_replacement_weights
 from video_grpo.evaluate import parse_prediction
 from video_grpo.rewards import REWARD_FUNCS
+from video_grpo.sample_weights import mean_reward_weights
 
 from .conftest import REPO, SAMPLES
 from .test_launch import ENV, launch, launch_command
@@ -100,29 +102,131 @@ def test_replacement_is_deterministic_and_shared_by_repeats(tmp_path):
     assert rows[2]["bad_sample"] is None
 
 
+def test_a_replaced_row_keeps_the_index_drawn_and_is_replaced_by_the_draw_weights(tmp_path):
+    """A bad video's row becomes another row (every column, row_index and id included), but drawn_row_index keeps
+    the row the sampler drew. Without draw weights the replacement is uniform, as before; with them it is drawn by
+    the weights, deterministically from the drawn row (the same for each repeat)."""
+    annotations, videos = mixed_dataset(tmp_path, good=3, bad_kinds=["empty"])
+    dataset = build_dataset(annotations, video_root=videos, sampling=SAMPLING)
+    ids = list(dataset.with_format(None)["id"])
+    bad = ids.index("bad_0")
+    rows = dataset.__getitems__([bad, bad, 0])
+    assert rows[0]["drawn_row_index"] == rows[1]["drawn_row_index"] == bad and rows[2]["drawn_row_index"] == 0
+    assert rows[0]["row_index"] != bad and rows[0]["id"] == ids[rows[0]["row_index"]] != "bad_0"
+    transform = dataset.format["format_kwargs"]["transform"]
+    uniform = [transform.replacement_candidates(seed)[0] for seed in range(4000)]
+    assert sorted(set(uniform)) == [0, 1, 2, 3]
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    set_replacement_weights(dataset, p)
+    firsts = torch.tensor([transform.replacement_candidates(seed)[0] for seed in range(4000)])
+    share = torch.bincount(firsts, minlength=4).double() / len(firsts)
+    assert ((share - p).abs() < 5 * (p * (1 - p) / len(firsts)).sqrt()).all(), share
+    set_replacement_weights(dataset, torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64) + 1e-12)
+    again = dataset.__getitems__([bad, bad])
+    assert again[0]["id"] == again[1]["id"] == ids[2] and again[0]["drawn_row_index"] == bad
+
+
+def test_the_logged_relative_weight_is_the_drawn_querys(tiny_model_dir, tmp_path):
+    """sample_weight/relative_weight is N p of the query the sampler drew, also when its video was bad and another
+    query trained in its place (it used to log the replacement's weight)."""
+    annotations, videos = mixed_dataset(tmp_path, good=3, bad_kinds=["empty"])
+    dataset = build_dataset(annotations, video_root=videos, sampling=SAMPLING)
+    p = mean_reward_weights([1.0, 1.0, 1.0, 0.0], 2)  # bad_0 (row 3) comes first; the others weigh 1e-16
+    trainer = make_trainer(
+        tiny_model_dir,
+        dataset,
+        tmp_path,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        trainer_kwargs={"sample_weights": p},
+    )
+    seen = []
+    original = trainer._generate_and_score_completions
+
+    def spy(inputs):
+        seen.extend((x["id"], x["drawn_row_index"]) for x in inputs)
+        return original(inputs)
+
+    trainer._generate_and_score_completions = spy
+    trainer.train()
+    assert {drawn for _, drawn in seen} == {3} and "bad_0" not in {query for query, _ in seen}
+    relative = [
+        h["sample_weight/relative_weight"]
+        for h in trainer.state.log_history
+        if "sample_weight/relative_weight" in h
+    ]
+    assert relative == pytest.approx([4 * float(p[3])], rel=1e-6)
+
+
+def recorded_steps(folder, ranks: int = 2) -> dict[int, list[str]]:
+    """``step -> ids`` trained at that step (rank 0's rows, then rank 1's) from ``tests.launch_rewards:record_ids``;
+    a step that not every rank recorded before a kill is left out."""
+    per_rank = []
+    for rank in range(ranks):
+        path = folder / f"ids.rank{rank}.jsonl"
+        steps = {}
+        for line in path.read_text().splitlines() if path.exists() else []:
+            with contextlib.suppress(json.JSONDecodeError):  # a line cut by the kill
+                record = json.loads(line)
+                steps[record["step"]] = record["ids"]
+        per_rank.append(steps)
+    common = set.intersection(*(set(steps) for steps in per_rank))
+    return {step: [i for steps in per_rank for i in steps[step]] for step in sorted(common)}
+
+
 @pytest.mark.launch
 @pytest.mark.parametrize("config", ["cpu/zero2.yaml", "cpu/zero3.yaml"])
 def test_kill_and_resume(tiny_model_dir, tmp_path, config):
-    out = tmp_path / "run"
+    """kill -9 in the third epoch, then the same command resumes from the last complete checkpoint. With TimeLens2's
+    draw weights over epochs of 2 steps (4 queries, 2 prompts a step), the resumed run trains at each step the
+    queries the killed run trained there before the kill: from checkpoint-3 it continues epoch 1's order after the
+    batch already trained, then orders epoch 2 as the first process did, instead of replaying epoch 0's order."""
+    out, killed, resumed = tmp_path / "run", tmp_path / "ids_killed", tmp_path / "ids_resumed"
+    killed.mkdir()
+    resumed.mkdir()
+    train_ids = [json.loads(line)["id"] for line in (SAMPLES / "train.jsonl").read_text().splitlines()][:4]
+    weights = tmp_path / "per_query.jsonl"
+    weights.write_text(
+        "".join(
+            json.dumps({"id": i, "k": 8, "mean_iou": m}) + "\n"
+            for i, m in zip(train_ids, (0.1, 0.5, 0.3, 0.1), strict=True)
+        )
+    )
     extra = (
         "--max_steps",
-        "6",
+        "7",
         "--save_strategy",
         "steps",
         "--save_steps",
-        "2",
+        "3",
         "--per_device_train_batch_size",
         "4",
         "--num_generations",
         "4",
+        "--max_train_samples",
+        "4",
+        "--sample_weight_mean_power",
+        "2",
+        "--sample_weight_file",
+        str(weights),
+        "--reward_funcs",
+        "iou",
+        "format",
+        "tests.launch_rewards:length_reward",
+        "tests.launch_rewards:record_ids",
     )
     cmd = launch_command(config, tiny_model_dir, out, *extra)
     proc = subprocess.Popen(
-        cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        cmd,
+        cwd=REPO,
+        env={**ENV, "VIDEO_GRPO_RECORD_IDS": str(killed)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     deadline = time.time() + 600
-    while time.time() < deadline and last_complete_checkpoint(out) is None:
-        assert proc.poll() is None, "the run ended before its first checkpoint"
+    while time.time() < deadline and 5 not in recorded_steps(killed):  # step 5: epoch 2, after checkpoint-3
+        assert proc.poll() is None, "the run ended before its fifth step"
         time.sleep(0.05)
     family = psutil.Process(proc.pid).children(recursive=True)  # the launcher and every training process
     os.killpg(proc.pid, signal.SIGKILL)
@@ -133,6 +237,7 @@ def test_kill_and_resume(tiny_model_dir, tmp_path, config):
     psutil.wait_procs(family, timeout=30)
     assert not (out / "trainer_state.json").exists(), "the kill should land before the run finished"
     resumed_from = last_complete_checkpoint(out)
+    assert os.path.basename(resumed_from or "") == "checkpoint-3"  # mid-epoch 1: one batch to skip
     # A checkpoint that was being written when the kill landed: newer, but incomplete.
     half = out / "checkpoint-5"
     half.mkdir()
@@ -143,7 +248,7 @@ def test_kill_and_resume(tiny_model_dir, tmp_path, config):
     result = subprocess.run(
         launch_command(config, tiny_model_dir, out, *extra, log_level="passive"),
         cwd=REPO,
-        env=ENV,
+        env={**ENV, "VIDEO_GRPO_RECORD_IDS": str(resumed)},
         capture_output=True,
         text=True,
         timeout=900,
@@ -155,7 +260,17 @@ def test_kill_and_resume(tiny_model_dir, tmp_path, config):
     ]
     assert "skipping" in log and "checkpoint-5: incomplete" in log
     state = json.loads((out / "trainer_state.json").read_text())
-    assert state["global_step"] == 6
+    assert state["global_step"] == 7
+
+    before, after = recorded_steps(killed), recorded_steps(resumed)
+    assert list(after) == [4, 5, 6, 7], after
+    for epoch in (0, 1):  # each epoch of the uninterrupted run trains every query once (without replacement)
+        assert sorted(set(before[2 * epoch + 1] + before[2 * epoch + 2])) == sorted(train_ids), before
+    # the orders differ between epochs (seed 42 and these weights), so a resume replaying epoch 0's order would show:
+    assert before[4] != before[2] and before[5] != before[3], before
+    overlap = [step for step in after if step in before]
+    assert overlap[:2] == [4, 5], (before, after)
+    assert {step: after[step] for step in overlap} == {step: before[step] for step in overlap}
 
 
 def write_recipe(tmp_path, **fields) -> str:

@@ -218,3 +218,47 @@ def test_guidance_with_reused_generations(tiny_model_dir, dataset, tmp_path, opt
     )
     losses = [float(e["loss"]) for e in trainer.state.log_history if "loss" in e]
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+
+
+def test_a_one_span_guided_answer_over_multi_span_data_fails_before_the_model_loads(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """gt_guidance writes each group's guided answer from the annotation: a {start}/{end} template over a file with
+    multi-span queries used to raise inside the first generation (answers.render_solution); now build_trainer
+    refuses it once the data is read, before the trainer loads the model, naming the file, the first such query and
+    the fix. A {spans} template passes."""
+    import yaml
+
+    from video_grpo import grpo
+    from video_grpo.answers import JSON_ANSWER_TEMPLATE
+    from video_grpo.guidance import check_guided_template
+
+    from .conftest import SAMPLES
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the trainer (and the model) should not have been built")
+
+    monkeypatch.setattr(grpo, "VideoGRPOTrainer", no_model)
+    multi_span = SAMPLES / "timelens" / "timelens2-93k_raw_annotations.jsonl"
+    recipe = yaml.safe_load((SAMPLES.parent / "configs" / "grpo" / "demo_tiny.yaml").read_text())
+    recipe.update(
+        model_name_or_path=str(tiny_model_dir),
+        train_file=str(multi_span),
+        video_root=str(SAMPLES / "videos"),
+        output_dir=str(tmp_path / "out"),
+        gt_guidance=True,
+        advantage_shaping="tempsamp",
+    )
+    del recipe["eval_file"]
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    with pytest.raises(ValueError) as caught:
+        grpo.build_trainer(*grpo.parse_args(["--config", str(path)]))
+    message = str(caught.value)
+    assert message.startswith("gt_guidance: answer_template") and "writes one span ({start}/{end})" in message
+    assert f"train_file {multi_span}" in message and "the first: train_000_1, 2 spans" in message
+    assert "{spans}" in message and "video_grpo.answers.JSON_ANSWER_TEMPLATE" in message
+    dataset = build_dataset(multi_span, video_root=SAMPLES / "videos", sampling=SAMPLING)
+    check_guided_template(JSON_ANSWER_TEMPLATE, dataset, {None: "unused"})  # every span written: no error
+    one_span = build_dataset(SAMPLES / "train.jsonl", sampling=SAMPLING)
+    check_guided_template(DEFAULT_ANSWER_TEMPLATE, one_span, {None: "unused"})  # [s, e] rows: no error

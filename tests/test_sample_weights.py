@@ -16,6 +16,7 @@ from video_grpo.configs import validate_recipe
 from video_grpo.explain import explain
 from video_grpo.grpo import build_trainer, parse_args
 from video_grpo.sample_weights import (
+    SamplerEpoch,
     WeightedRepeatSampler,
     draw_weights,
     mean_reward_weights,
@@ -42,25 +43,51 @@ def test_rule_against_a_hand_computation():
     assert mean_reward_weights([0.0, 0.5], 1).tolist() == pytest.approx([2 / 3, 1 / 3])
 
 
-def test_draws_follow_the_weights_and_scale_the_expected_loss():
-    """On: a query's share of the draws, hence of the summed loss over many steps, is p(q) instead of 1/N."""
-    p = mean_reward_weights([0.1, 0.8, 0.5, 0.3], power=2)
-    sampler = WeightedRepeatSampler(p, mini_repeat_count=1, batch_size=4, seed=0)
-    draws = torch.tensor([i for _ in range(5000) for i in sampler])  # 20,000 draws, seeded: deterministic
-    counts = torch.bincount(draws, minlength=4).double()
-    share = counts / len(draws)
-    sigma = (p * (1 - p) / len(draws)).sqrt()
+def test_each_epoch_is_timelens2s_weighted_order_without_replacement():
+    """On: each epoch is ``torch.multinomial(p, N, replacement=False)`` from a generator seeded once (TimeLens2's
+    RepeatSampler): every query once an epoch, the first drawn with probability p, the next epoch the next draw."""
+    p = mean_reward_weights([0.1, 0.8, 0.5, 0.3, 0.0, 0.95], power=2)
+    sampler = WeightedRepeatSampler(p, mini_repeat_count=1, batch_size=6, seed=5)
+    theirs = torch.Generator().manual_seed(5)
+    for _ in range(3):  # epochs 0, 1, 2: the first, second and third call on their generator
+        expected = torch.multinomial(p, 6, replacement=False, generator=theirs).tolist()
+        assert list(sampler) == expected and sorted(expected) == list(range(6))
+    # the first query of an epoch is drawn with probability p (20,000 epochs, seeded: deterministic)
+    firsts = torch.tensor([next(iter(sampler)) for _ in range(20000)])
+    share = torch.bincount(firsts, minlength=6).double() / len(firsts)
+    sigma = (p * (1 - p) / len(firsts)).sqrt()
     assert ((share - p).abs() < 5 * sigma).all(), (share, p)
-    # a per-query loss L(q) = 1, 2, 3, 4 (one step's loss on that query): the mean over the drawn queries is
-    # sum p(q) L(q), not the uniform mean 2.5 (TimeLens2's weights move it towards the hard queries' losses)
-    losses = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
-    expected = float((p * losses).sum())
-    assert float(losses[draws].mean()) == pytest.approx(
-        expected, abs=5 * float(losses.std()) / len(draws) ** 0.5
+    # a batch of 4 of the 6: the last, incomplete chunk of 2 is dropped, as TRL drops it
+    drawn = list(WeightedRepeatSampler(p, mini_repeat_count=1, batch_size=4, seed=5))
+    assert (
+        len(drawn) == 4
+        and drawn
+        == torch.multinomial(p, 6, replacement=False, generator=torch.Generator().manual_seed(5)).tolist()[:4]
     )
-    assert expected == pytest.approx(2.2642, abs=1e-4) and abs(expected - 2.5) > 0.2
-    assert relative_weights(p, [0, 1, -1]).tolist()[:2] == pytest.approx((4 * p[:2]).tolist())
+    assert relative_weights(p, [0, 1, -1]).tolist()[:2] == pytest.approx((6 * p[:2]).tolist())
     assert math.isnan(relative_weights(p, [0, 1, -1])[2])
+
+
+def test_a_named_epoch_gives_that_epochs_order_in_a_fresh_sampler():
+    """A resumed process builds a fresh sampler and names its epoch: it must order that epoch as the
+    uninterrupted run did, not as epoch 0; asking for an earlier epoch replays from the seed."""
+    p = mean_reward_weights([0.2, 0.4, 0.6, 0.0, 0.9, 0.1, 0.5, 0.7], power=2)
+    settings = {"mini_repeat_count": 2, "batch_size": 2, "repeat_count": 1, "seed": 11}
+    uninterrupted = WeightedRepeatSampler(p, **settings)
+    epochs = [list(uninterrupted) for _ in range(4)]
+    assert len({tuple(e) for e in epochs}) == 4
+    fresh = WeightedRepeatSampler(p, **settings)
+    fresh.set_epoch(2)
+    assert list(fresh) == epochs[2]
+    assert list(fresh) == epochs[3]  # unnamed: the next epoch
+    fresh.set_epoch(1)
+    assert list(fresh) == epochs[1]
+    # the trainer names the epoch from its state: the whole part of state.epoch, also mid-epoch after a resume
+    callback = SamplerEpoch()
+    callback.sampler = fresh
+    for state_epoch, named in ((0, 0), (1.5, 1), (3.0, 3)):
+        callback.on_epoch_begin(None, SimpleNamespace(epoch=state_epoch), None)
+        assert fresh.epoch == named
 
 
 def test_sampler_keeps_trls_layout_and_is_the_same_on_every_rank():
@@ -75,6 +102,7 @@ def test_sampler_keeps_trls_layout_and_is_the_same_on_every_rank():
         chunk = drawn[start : start + block]
         assert chunk == drawn[start + block : start + 2 * block]
         assert chunk[:3] == [chunk[0]] * 3 and chunk[3:] == [chunk[3]] * 3
+    assert len(set(drawn)) == 6  # 6 of the 7 rows, each once: without replacement
 
 
 def _bare_trainer(sample_weights):
@@ -111,9 +139,9 @@ def test_errors_name_the_field_to_fix(tmp_path):
     ):
         draw_weights(["a", "b"], stats, "tiou", 2)
     with pytest.raises(
-        ValueError, match=r"sample_weight_file: 1 of 3 training queries have no entry.*\['c'\]"
+        ValueError, match=r"sample_weight_file: none of the 2 training queries .* has an entry in"
     ):
-        draw_weights(["a", "b", "c"], stats, "mean_iou", 2)
+        draw_weights(["x", "y"], stats, "mean_iou", 2)
     assert draw_weights(["b", "a"], stats, "mean_iou", 2).tolist() == pytest.approx(
         [0.81 / 1.06, 0.25 / 1.06]
     )
@@ -142,10 +170,35 @@ def test_errors_name_the_field_to_fix(tmp_path):
     assert script.sample_weight_mean_power == 0 and script.sample_weight_field == "mean_iou"  # off by default
 
 
+def test_fewer_than_two_answers_or_no_line_count_as_mean_zero(tmp_path, caplog):
+    """TimeLens2 gives a query with fewer than 2 rollouts mean 0 (the largest weight); a training query with no line
+    in the file counts the same, with one warning giving the count."""
+    path = tmp_path / "per_query.jsonl"
+    lines = [
+        {"id": "a", "k": 8, "mean_iou": 0.5},
+        {"id": "b", "k": 1, "mean_iou": 0.9},
+        {"id": "c", "k": 0, "mean_iou": 0.0},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with caplog.at_level("WARNING", logger="video_grpo.sample_weights"):
+        p = draw_weights(["a", "b", "c", "d", "e"], path, "mean_iou", 2)
+    assert p.tolist() == pytest.approx(mean_reward_weights([0.5, 0.0, 0.0, 0.0, 0.0], 2).tolist())
+    warnings = [r.getMessage() for r in caplog.records if "no entry" in r.getMessage()]
+    assert (
+        len(warnings) == 1
+        and "2 of 5 training queries have no entry" in warnings[0]
+        and "['d', 'e']" in warnings[0]
+    )
+    path.write_text(json.dumps({"id": "a", "k": "eight", "mean_iou": 0.5}) + "\n")
+    with pytest.raises(ValueError, match=r"sample_weight_file: .*per_query.jsonl:1: k must be a count"):
+        draw_weights(["a"], path, "mean_iou", 2)
+
+
 def test_a_recipe_with_weights_trains_on_the_drawn_queries(tiny_model_dir, tmp_path):
     """The recipe fields reach the trainer (grpo.build_trainer); one real step trains only on queries drawn by
     weight, and logs the mean relative weight."""
-    # every query solved (mean IoU 1, weight 1e-16) except train_003 (mean IoU 0, weight 1): it is all that is drawn
+    # every query solved (mean IoU 1, weight 1e-16) except train_003 (mean IoU 0, weight 1): it comes first in the
+    # epoch's order, and a step of one prompt trains on it alone
     stats = _per_query(tmp_path, {i: 0.0 if i == "train_003" else 1.0 for i in TRAIN_IDS})
     recipe = yaml.safe_load((SAMPLES.parent / "configs" / "grpo" / "demo_tiny.yaml").read_text())
     recipe.update(
@@ -154,7 +207,7 @@ def test_a_recipe_with_weights_trains_on_the_drawn_queries(tiny_model_dir, tmp_p
         eval_file=None,
         output_dir=str(tmp_path / "out"),
         max_steps=1,
-        per_device_train_batch_size=4,
+        per_device_train_batch_size=2,
         num_generations=2,
         max_completion_length=8,
         sample_weight_mean_power=2,

@@ -51,6 +51,16 @@ class GRPOScriptArguments:
             "help": "Training annotations, JSONL with id, video, duration, solution [start, end], sentence."
         },
     )
+    train_sources: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Several training annotation sources in one run, instead of train_file: a mapping of source "
+            "name to {train_file, dataset_format, video_root, durations_file, prompt_template, normalize_query} "
+            "(a key left out takes the recipe's field of that name; null means none). Rows come in source order, "
+            "ids '<source>/<id>', each prompt from its source's template (video_grpo.sources). A JSON string on "
+            "the command line."
+        },
+    )
     eval_file: str | None = field(
         default=None, metadata={"help": "Optional evaluation annotations in the same format as train_file."}
     )
@@ -265,6 +275,14 @@ class GRPOScriptArguments:
             "(optional) by the video length in seconds."
         },
     )
+    normalize_query: bool = field(
+        default=False,
+        metadata={
+            "help": "Fold whitespace runs in each query and drop its trailing periods before it goes into the "
+            "prompt, as TimeLens2 does (grpo/timelens/data/prompt.py); the timelens_100k and timelens_bench loaders "
+            "always do. The default of train_sources' normalize_query."
+        },
+    )
     gt_guidance: bool = field(
         default=False,
         metadata={
@@ -297,9 +315,10 @@ class GRPOScriptArguments:
         default=0.0,
         metadata={
             "help": "TimeLens2's draw weights (video_grpo.sample_weights). 0 (default): TRL's shuffled pass over "
-            "the queries. > 0: each generation batch's prompts are drawn, with replacement, with probability "
-            "proportional to (1 - mean reward + 1e-8)^power, the mean reward being the starting model's, per "
-            "query, from sample_weight_file. TimeLens2's released recipe: 2."
+            "the queries. > 0: each epoch orders the queries by weight, without replacement (TimeLens2's draw): the "
+            "next prompt is drawn from those left with probability proportional to (1 - mean reward + 1e-8)^power, "
+            "the mean reward being the starting model's, per query, from sample_weight_file, so hard queries come "
+            "early and every query still comes once an epoch. TimeLens2's released recipe: 2."
         },
     )
     sample_weight_file: str | None = field(
@@ -307,7 +326,8 @@ class GRPOScriptArguments:
         metadata={
             "help": "Per-query JSONL with each training query's id and mean reward (sample_weight_field), "
             "measured with the starting model: curate's per_query.jsonl (python -m video_grpo.curate). Needed "
-            "when sample_weight_mean_power > 0; every train_file id must be in it."
+            "when sample_weight_mean_power > 0. A query with fewer than 2 answers there (k < 2), or none, counts as "
+            "mean 0, the largest weight (one warning gives the count); a file holding none of the ids is an error."
         },
     )
     sample_weight_field: str = field(
@@ -378,6 +398,18 @@ class GRPOScriptArguments:
             )
         if "{sentence}" not in self.prompt_template:
             fail("prompt_template", "must contain '{sentence}' where the query goes.")
+        from video_grpo.sources import parse_train_sources
+
+        try:
+            self.train_sources = parse_train_sources(self.train_sources)
+        except ValueError as err:
+            raise ValueError(f"GRPOScriptArguments.{err}") from None
+        if self.train_sources and self.train_file:
+            fail(
+                "train_file",
+                f"is set ({self.train_file!r}) together with train_sources; give the file as one of the "
+                "sources (train_sources.<name>.train_file) or drop train_sources.",
+            )
         if isinstance(self.reward_funcs, str):
             self.reward_funcs = [name.strip() for name in self.reward_funcs.split(",") if name.strip()]
         if not self.reward_funcs:
@@ -530,31 +562,34 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
     """Checks across the three dataclasses and the file system, run before any model loads."""
     import os
 
-    from video_grpo.annotations import AnnotationError, detect_format
-
     def fail(name: str, why: str) -> None:
         raise ValueError(f"{name}: {why}")
 
     if not model_args.model_name_or_path:
         fail("model_name_or_path", "not set; e.g. Qwen/Qwen2.5-VL-7B-Instruct or a local directory.")
-    if not script_args.train_file:
-        fail("train_file", "not set; point it at the training annotations.")
+    if not script_args.train_file and not script_args.train_sources:
+        fail("train_file", "not set; point it at the training annotations (or declare train_sources).")
     for name in ("train_file", "eval_file", "durations_file", "sample_weight_file"):
         path = getattr(script_args, name)
         if path and not os.path.isfile(path):
             fail(name, f"{path!r} does not exist.")
     if script_args.video_root and not os.path.isdir(script_args.video_root):
         fail("video_root", f"{script_args.video_root!r} is not a directory.")
-    for name in ("train_file", "eval_file"):
-        path = getattr(script_args, name)
-        if path and script_args.dataset_format is None:
-            try:
-                detect_format(path)
-            except AnnotationError as err:
-                fail("dataset_format", str(err))
-        is_charades_txt = script_args.dataset_format == "charades_txt" or str(path).endswith(".txt")
-        if path and is_charades_txt and not script_args.durations_file:
-            fail("durations_file", f"{name} is a Charades-STA .txt; set durations_file to the Charades CSV.")
+    check_sources(script_args)
+    if script_args.eval_file:
+        from video_grpo.sources import DataSource
+
+        check_source_format(
+            DataSource(
+                None,
+                script_args.eval_file,
+                script_args.dataset_format,
+                script_args.video_root,
+                script_args.durations_file,
+                script_args.prompt_template,
+            ),
+            "eval_file",
+        )
     if script_args.sample_weight_mean_power > 0 and not training_args.shuffle_dataset:
         fail(
             "shuffle_dataset",
@@ -589,6 +624,39 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
     family.with_text_timestamps(script_args.frame_timestamps_in_text)  # an error on Qwen3-VL / Qwen3.5
     if script_args.shared_prefix:
         check_shared_prefix(model_args, training_args.trust_remote_code)
+
+
+def check_sources(script_args: GRPOScriptArguments) -> None:
+    """Each training source's files, directory and format (``train_sources`` or the one ``train_file``), before
+    the model loads; an error names the source's field and the fix."""
+    from video_grpo.sources import missing_source_paths, recipe_sources
+
+    sources = recipe_sources(script_args)
+    if script_args.train_sources:
+        problems = missing_source_paths(sources)
+        if problems:
+            raise ValueError(problems[0])
+    for source in sources:
+        check_source_format(source, source.field("train_file"))
+
+
+def check_source_format(source, name: str) -> None:
+    """The annotation format of ``source`` is known or detectable, and a Charades-STA .txt has its durations."""
+    from video_grpo.annotations import AnnotationError, detect_format
+
+    fmt_field, durations_field = source.field("dataset_format"), source.field("durations_file")
+    if name == "eval_file":
+        fmt_field, durations_field = "dataset_format", "durations_file"
+    if source.dataset_format is None:
+        try:
+            detect_format(source.train_file)
+        except AnnotationError as err:
+            raise ValueError(f"{fmt_field}: {err}") from None
+    is_charades_txt = source.dataset_format == "charades_txt" or str(source.train_file).endswith(".txt")
+    if is_charades_txt and not source.durations_file:
+        raise ValueError(
+            f"{durations_field}: {name} is a Charades-STA .txt; set {durations_field} to the Charades CSV."
+        )
 
 
 def check_decode_launch(script_args: GRPOScriptArguments, training_args) -> None:

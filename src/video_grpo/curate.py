@@ -39,6 +39,11 @@ recipe's ``video_root`` (``--config``), else, when sampling, the folder of the a
 sampled (the loader's own default for it), else the deepest folder holding every video. Using the same
 recipe with ``--train_file D/curated.jsonl`` therefore works whenever the recipe sets ``video_root``. A video
 outside the root is an error; a relative ``video`` in a predictions file is kept as it is.
+
+A recipe with ``train_sources`` (:mod:`video_grpo.sources`) is sampled over every source, each query with its
+source's prompt, and ids are ``<source>/<id>`` as training reads them, so ``per_query.jsonl`` serves as that recipe's
+``sample_weight_file`` as it is. ``curated.jsonl`` is then one file in our format: training on it uses one
+prompt template for all its queries (the sources' own templates are not carried over).
 """
 
 from __future__ import annotations
@@ -366,7 +371,8 @@ def _band_lines(summary: dict, source: str, k: float) -> list[str]:
 
 def sample_main(args: argparse.Namespace) -> tuple[Path | None, str | None]:
     """Sample k answers per query into ``D/samples.jsonl`` (sharded, resumable). Returns the file on the main
-    process (None elsewhere) and the video root the loader used."""
+    process (None elsewhere) and the video root the loader used. A recipe with ``train_sources`` samples every source
+    (``evaluate.load_split``), so the ids of ``per_query.jsonl`` are the ``<source>/<id>`` that training reads."""
     from transformers import set_seed
 
     from video_grpo.configs import script_args_from_yaml
@@ -380,7 +386,8 @@ def sample_main(args: argparse.Namespace) -> tuple[Path | None, str | None]:
     )
     script_args = script_args_from_yaml(args.config)
     source = args.annotations or (script_args.eval_file if args.split == "eval" else script_args.train_file)
-    loader_root = script_args.video_root or str(Path(source).resolve().parent)
+    # train_sources (no one file): the recipe's video_root, else the deepest folder holding every video
+    loader_root = script_args.video_root or (str(Path(source).resolve().parent) if source else None)
     out_dir = Path(args.output_dir)
     args.do_sample = True
     generate_parts(

@@ -12,7 +12,14 @@ Check a dataset before spending GPU hours on it::
         --video_root /data/Charades_v1
 
 It exits with status 1 when the data could not train (no usable query, or a missing or unreadable video)
-and 2 when the annotations themselves are malformed.
+and 2 when the annotations themselves are malformed. For a recipe with ``train_sources`` (several annotation
+sources, :mod:`video_grpo.sources`) it checks and reports each source, and every error names its source.
+
+A training row whose video cannot be read is not dropped: :class:`VideoTransform` puts another row in its place
+(the same one for the G repeats of a prompt), and that row is what the rewards score and the policy trains on.
+Its ``drawn_row_index`` still names the row the sampler drew, so the logged draw weight and the count of prompts
+seen are the drawn query's; with TimeLens2's draw weights the replacement itself is drawn by those weights, so the
+queries trained keep the drawn distribution p.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import random
 import sys
 from pathlib import Path
 
+import torch
 from datasets import Dataset
 from tqdm.auto import tqdm
 
@@ -31,6 +39,7 @@ from video_grpo.annotations import DEFAULT_EXTENSIONS, AnnotationError, DataRepo
 from video_grpo.configs import DEFAULT_PROMPT
 from video_grpo.families import FAMILIES, family_of_recipe
 from video_grpo.frame_cache import DEFAULT_CACHE_FORMAT, load_video
+from video_grpo.sources import DataSource, load_source, load_sources, recipe_sources
 from video_grpo.video import SamplingConfig, VideoReadError, probe_video, read_video
 
 logger = logging.getLogger(__name__)
@@ -43,11 +52,18 @@ def build_prompt(sentence: str, duration: float, template: str = DEFAULT_PROMPT)
 
 
 class VideoTransform:
-    """``set_transform`` callable: adds ``prompt``, ``video_frames``, ``video_metadata`` and ``bad_sample``.
+    """``set_transform`` callable: adds ``prompt``, ``video_frames``, ``video_metadata``, ``bad_sample`` and
+    ``drawn_row_index``.
 
     A row whose video cannot be read is replaced by another row, chosen deterministically from its
-    ``row_index`` (so the G repeats of a prompt get the same replacement); ``bad_sample`` then names the
-    failed file and the reason, and the trainer counts and logs it. Without ``records`` (the rows to draw
+    ``row_index`` (so the G repeats of a prompt get the same replacement): every column then holds the
+    replacement's values, ``row_index`` and ``id`` included, so the rewards score the query actually trained on,
+    while ``drawn_row_index`` keeps the index of the row the sampler drew, so what is logged about the draw
+    (``sample_weight/relative_weight``) and the count of prompts seen are about the drawn query. ``bad_sample``
+    names the failed file and the reason, and the trainer counts and logs it. The replacement is drawn uniformly
+    among the rows, or, once the trainer sets ``replacement_weights`` (TimeLens2's draw weights,
+    :func:`set_replacement_weights`), with those probabilities: the query trained in place of a bad one is then
+    drawn as the sampler draws, and the trained distribution stays p. Without ``records`` (the rows to draw
     replacements from) a bad video raises :class:`VideoReadError`.
 
     A plain class (not a closure) so the dataset pickles into DataLoader worker processes.
@@ -62,12 +78,15 @@ class VideoTransform:
         cache_dir: str | None = None,
         records: list[dict] | None = None,
         cache_format: str = DEFAULT_CACHE_FORMAT,
+        source_templates: dict[str, str] | None = None,
     ):
         self.sampling = sampling
         self.prompt_template = prompt_template
         self.cache_dir = cache_dir
         self.records = records
         self.cache_format = cache_format
+        self.source_templates = source_templates or {}  # data_source -> its prompt template
+        self.replacement_weights: torch.Tensor | None = None
 
     def _load(self, path: str, decoded: dict):
         if path not in decoded:  # the G repeats of a prompt share one decode
@@ -77,9 +96,19 @@ class VideoTransform:
                 decoded[path] = err
         return decoded[path]
 
+    def replacement_candidates(self, row_index: int) -> list[int]:
+        """The rows tried, in order, in place of row ``row_index``: a function of it alone, so every repeat of a
+        prompt (and every rank) gets the same; by ``replacement_weights`` when set, else uniform."""
+        tries = min(len(self.records), self.max_replacement_tries)
+        if self.replacement_weights is None:
+            return random.Random(row_index).sample(range(len(self.records)), tries)
+        generator = torch.Generator().manual_seed(row_index)
+        return torch.multinomial(
+            self.replacement_weights, tries, replacement=False, generator=generator
+        ).tolist()
+
     def _replacement(self, row_index: int, decoded: dict) -> tuple[dict, object]:
-        rng = random.Random(row_index)
-        candidates = rng.sample(range(len(self.records)), min(len(self.records), self.max_replacement_tries))
+        candidates = self.replacement_candidates(row_index)
         for candidate in candidates:
             record = self.records[candidate]
             video = self._load(record["video"], decoded)
@@ -93,6 +122,8 @@ class VideoTransform:
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
         batch = {key: list(values) for key, values in batch.items()}
         rows = len(batch["video"])
+        if "row_index" in batch:  # kept through a replacement, which overwrites row_index
+            batch["drawn_row_index"] = list(batch["row_index"])
         decoded: dict = {}
         frames, metadata, bad = [], [], []
         for i in range(rows):
@@ -104,15 +135,16 @@ class VideoTransform:
                 problem = str(video)
                 record, video = self._replacement(batch["row_index"][i], decoded)
                 for key, value in record.items():
-                    if key in batch:
+                    if key in batch and key != "drawn_row_index":
                         batch[key][i] = value
             frames.append(video.frames)
             metadata.append(video.metadata)
             bad.append(problem)
         batch["video_frames"], batch["video_metadata"], batch["bad_sample"] = frames, metadata, bad
+        sources = batch.get("data_source") or [None] * rows  # a replaced row takes its replacement's source
         batch["prompt"] = [
-            build_prompt(s, d, self.prompt_template)
-            for s, d in zip(batch["sentence"], batch["duration"], strict=True)
+            build_prompt(s, d, self.source_templates.get(source, self.prompt_template))
+            for s, d, source in zip(batch["sentence"], batch["duration"], sources, strict=True)
         ]
         return batch
 
@@ -131,46 +163,103 @@ def build_dataset(
     allow_absolute_video_paths: bool = False,
     replace_bad_samples: bool = True,
     cache_format: str = DEFAULT_CACHE_FORMAT,
+    normalize_query: bool = False,
 ) -> Dataset:
     """A ``Dataset`` whose rows decode their video on access. See :mod:`video_grpo.annotations` for formats.
 
     ``replace_bad_samples``: for training, a row whose video cannot be read becomes another row; evaluation
     turns it off, so every query is answered for itself or reported as failed. ``cache_dir`` and
-    ``cache_format``: where and in which format (:mod:`video_grpo.frame_cache`) to look for stored frames."""
-    records, report = load_annotations(
-        annotation_file,
+    ``cache_format``: where and in which format (:mod:`video_grpo.frame_cache`) to look for stored frames.
+    ``normalize_query``: fold whitespace and drop trailing periods of each query (TimeLens2's ``parse_query``)."""
+    source = DataSource(
+        None,
+        str(annotation_file),
         dataset_format,
-        video_root,
-        durations_file,
-        tuple(video_extensions),
-        strict,
-        allow_absolute_video_paths,
+        None if video_root is None else str(video_root),
+        None if durations_file is None else str(durations_file),
+        prompt_template,
+        normalize_query,
     )
+    records, report = load_source(source, tuple(video_extensions), strict, allow_absolute_video_paths)
+    return _lazy_dataset(
+        records,
+        [(source, report)],
+        max_samples,
+        VideoTransform(sampling or SamplingConfig(), prompt_template, cache_dir, None, cache_format),
+        replace_bad_samples,
+    )
+
+
+def build_sources_dataset(
+    sources: list[DataSource],
+    sampling: SamplingConfig | None = None,
+    max_samples: int | None = None,
+    video_extensions: tuple[str, ...] = DEFAULT_EXTENSIONS,
+    strict: bool = False,
+    cache_dir: str | None = None,
+    allow_absolute_video_paths: bool = False,
+    replace_bad_samples: bool = True,
+    cache_format: str = DEFAULT_CACHE_FORMAT,
+    prompt_template: str = DEFAULT_PROMPT,
+) -> Dataset:
+    """:func:`build_dataset` over several named sources (:mod:`video_grpo.sources`): their rows in order, ids
+    ``<source>/<id>``, each row's prompt from its source's template (``prompt_template`` for none)."""
+    records, reports = load_sources(sources, tuple(video_extensions), strict, allow_absolute_video_paths)
+    transform = VideoTransform(
+        sampling or SamplingConfig(),
+        prompt_template,
+        cache_dir,
+        None,
+        cache_format,
+        {source.name: source.prompt_template for source in sources},
+    )
+    return _lazy_dataset(records, reports, max_samples, transform, replace_bad_samples)
+
+
+def _lazy_dataset(
+    records: list[dict],
+    reports: list[tuple[DataSource, DataReport]],
+    max_samples: int | None,
+    transform: VideoTransform,
+    replace_bad_samples: bool,
+) -> Dataset:
+    """The first ``max_samples`` records as a ``Dataset``, rows numbered, frames decoded on access by
+    ``transform`` (which draws replacements from these rows when ``replace_bad_samples``); each source's skipped,
+    clamped and missing items logged."""
     if max_samples is not None:
         records = records[:max_samples]
     if not records:
-        raise AnnotationError(
-            f"{annotation_file}: no usable records ({len(report.invalid_spans)} invalid spans)"
+        invalid = sum(len(report.invalid_spans) for _, report in reports)
+        where = ", ".join(
+            source.train_file if source.name is None else source.describe() for source, _ in reports
         )
+        raise AnnotationError(f"{where}: no usable records ({invalid} invalid spans)")
     for index, record in enumerate(records):
         record["row_index"] = index
     dataset = Dataset.from_list(records)
-    dataset.set_transform(
-        VideoTransform(
-            sampling or SamplingConfig(),
-            prompt_template,
-            cache_dir,
-            records if replace_bad_samples else None,
-            cache_format,
-        )
-    )
-    if report.invalid_spans or report.clamped_spans or report.missing_videos:
-        logger.warning(
-            f"{annotation_file}: {report.records} queries; skipped {len(report.invalid_spans)} with start >= end, "
-            f"clamped {len(report.clamped_spans)} ending after their video, {len(report.missing_videos)} videos "
-            "missing (run `python -m video_grpo.data check` for the list)"
-        )
+    transform.records = records if replace_bad_samples else None
+    dataset.set_transform(transform)
+    for source, report in reports:
+        if report.invalid_spans or report.clamped_spans or report.missing_videos:
+            logger.warning(
+                f"{source.train_file if source.name is None else source.describe()}: {report.records} queries; "
+                f"skipped {len(report.invalid_spans)} with start >= end, clamped {len(report.clamped_spans)} ending "
+                f"after their video, {len(report.missing_videos)} videos missing (run `python -m video_grpo.data "
+                "check` for the list)"
+            )
     return dataset
+
+
+def set_replacement_weights(dataset: Dataset, probabilities: torch.Tensor) -> None:
+    """Draw the replacement of a bad video by ``probabilities`` (one per row), as the sampler draws the rows
+    (:class:`VideoTransform`). The transform is held by reference, so DataLoader workers started later get it."""
+    transform = dataset.format.get("format_kwargs", {}).get("transform")
+    if isinstance(transform, VideoTransform) and transform.records is not None:
+        if len(probabilities) != len(transform.records):
+            raise ValueError(
+                f"replacement weights: {len(probabilities)} for {len(transform.records)} rows of the dataset"
+            )
+        transform.replacement_weights = probabilities.double()
 
 
 def dataset_kwargs(script_args, family) -> dict:
@@ -189,11 +278,42 @@ def dataset_kwargs(script_args, family) -> dict:
     }
 
 
+def build_train_dataset(
+    script_args, family, max_samples: int | None = None, replace_bad_samples: bool = True
+) -> Dataset:
+    """The recipe's training rows: its ``train_sources`` (:mod:`video_grpo.sources`) or its ``train_file``."""
+    kwargs = dataset_kwargs(script_args, family)
+    if not script_args.train_sources:
+        return build_dataset(
+            script_args.train_file,
+            max_samples=max_samples,
+            replace_bad_samples=replace_bad_samples,
+            normalize_query=script_args.normalize_query,
+            **kwargs,
+        )
+    return build_sources_dataset(
+        recipe_sources(script_args),
+        kwargs["sampling"],
+        max_samples,
+        kwargs["video_extensions"],
+        kwargs["strict"],
+        kwargs["cache_dir"],
+        kwargs["allow_absolute_video_paths"],
+        replace_bad_samples,
+        kwargs["cache_format"],
+        script_args.prompt_template,
+    )
+
+
 def build_datasets(script_args, family) -> tuple[Dataset, Dataset | None]:
     """Train and (optional) eval datasets from ``GRPOScriptArguments``, sampled for ``family``."""
-    kwargs = dataset_kwargs(script_args, family)
-    train = build_dataset(script_args.train_file, max_samples=script_args.max_train_samples, **kwargs)
-    evaluation = build_dataset(script_args.eval_file, **kwargs) if script_args.eval_file else None
+    train = build_train_dataset(script_args, family, script_args.max_train_samples)
+    evaluation = None
+    if script_args.eval_file:
+        kwargs = dataset_kwargs(script_args, family)
+        evaluation = build_dataset(
+            script_args.eval_file, normalize_query=script_args.normalize_query, **kwargs
+        )
     return train, evaluation
 
 
@@ -325,7 +445,18 @@ def check_main(argv: list[str] | None = None) -> int:
     if args.config:
         from video_grpo.configs import script_args_from_yaml
 
-        script_args = script_args_from_yaml(args.config)
+        try:
+            script_args = script_args_from_yaml(args.config)
+        except ValueError as err:
+            print(f"error: {args.config}: {err}", file=sys.stderr)
+            return 2
+        if args.split == "train" and script_args.train_sources:
+            if args.write_durations:
+                parser.error(
+                    "--write_durations reads one annotation file; with train_sources, run it with --annotations "
+                    "and --video_root of the source that needs durations"
+                )
+            return check_sources_main(args, script_args)
         annotations = script_args.train_file if args.split == "train" else script_args.eval_file
         if not annotations:
             parser.error(f"{args.config} sets no {args.split}_file")
@@ -383,6 +514,63 @@ def check_main(argv: list[str] | None = None) -> int:
     else:
         print(format_summary(annotations, report, args.decode))
     return 0 if report.can_train else 1
+
+
+def check_sources_main(args: argparse.Namespace, script_args) -> int:
+    """``data check --config`` for a recipe with ``train_sources``: each source loaded and its videos checked on its
+    own, a summary (or a JSON object) per source, every error naming the source. Exit codes as for one file."""
+    from video_grpo.sources import missing_source_paths
+
+    sources = recipe_sources(script_args)
+    problems = missing_source_paths(sources)
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    family = family_of_recipe(args.config, args.model_family) if args.decode else FAMILIES["qwen2_5_vl"]
+    sampling = SamplingConfig.from_args(script_args, family) if args.decode else None
+    strict = args.strict or script_args.strict_data
+    checked = []
+    for source in sources:
+        try:
+            records, report = load_source(
+                source, tuple(script_args.video_extensions), strict, script_args.allow_absolute_video_paths
+            )
+        except (AnnotationError, FileNotFoundError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        check_videos(report, sorted({r["video"] for r in records}), sampling, quiet=args.json)
+        checked.append((source, report))
+    can_train = all(report.can_train for _, report in checked)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "sources": {
+                        source.name: {
+                            "annotations": source.train_file,
+                            "can_train": report.can_train,
+                            **report.as_dict(),
+                        }
+                        for source, report in checked
+                    },
+                    "records": sum(report.records for _, report in checked),
+                    "can_train": can_train,
+                }
+            )
+        )
+    else:
+        for source, report in checked:
+            print(f"== source {source.name} ==")
+            print(format_summary(source.train_file, report, args.decode))
+            print()
+        not_ready = [source.name for source, report in checked if not report.can_train]
+        total = sum(report.records for _, report in checked)
+        print(
+            f"all sources: {total} usable queries in {len(checked)} sources; "
+            + ("OK: the data can train." if can_train else f"NOT READY: fix the sources {not_ready} above.")
+        )
+    return 0 if can_train else 1
 
 
 def main(argv: list[str] | None = None) -> int:

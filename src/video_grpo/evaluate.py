@@ -224,16 +224,26 @@ def load_split(
     config: str, family, split: str = "eval", annotations: str | None = None, max_samples: int | None = None
 ):
     """``(dataset, ids)`` for a recipe's eval/train file or another annotation file, its frames sampled for the
-    model ``family``. Reading the ids decodes nothing."""
+    model ``family``. The train split of a recipe with ``train_sources`` is every source, read as training reads
+    it (ids ``<source>/<id>``, each source's prompt). Reading the ids decodes nothing."""
     from video_grpo.configs import script_args_from_yaml
-    from video_grpo.data import build_dataset, dataset_kwargs
+    from video_grpo.data import build_dataset, build_train_dataset, dataset_kwargs
 
     script_args = script_args_from_yaml(config)
-    path = annotations or (script_args.eval_file if split == "eval" else script_args.train_file)
+    if split == "train" and not annotations:
+        if not script_args.train_file and not script_args.train_sources:
+            raise SystemExit(f"{config} has no train_file or train_sources; pass --annotations")
+        dataset = build_train_dataset(script_args, family, max_samples, replace_bad_samples=False)
+        return dataset, dataset.with_format(None)["id"]
+    path = annotations or script_args.eval_file
     if not path:
         raise SystemExit(f"{config} has no {split}_file; pass --annotations")
     dataset = build_dataset(
-        path, max_samples=max_samples, replace_bad_samples=False, **dataset_kwargs(script_args, family)
+        path,
+        max_samples=max_samples,
+        replace_bad_samples=False,
+        normalize_query=script_args.normalize_query,
+        **dataset_kwargs(script_args, family),
     )
     return dataset, dataset.with_format(None)["id"]  # plain column access: no video decoding
 

@@ -143,22 +143,41 @@ def _plain(values, places: int = 4) -> str:
     return "[" + ", ".join(f"{v:.{places}f}" for v in values) + "]"
 
 
+def first_half_chances(p: list[float]) -> list[float]:
+    """Each query's chance to be among the first half of an epoch's weighted order without replacement (every
+    order enumerated, each with its successive-draw probability): the share of it a run stopping there sees."""
+    from itertools import permutations
+
+    n, chances = len(p), [0.0] * len(p)
+    for order in permutations(range(n)):
+        chance, left = 1.0, 1.0
+        for index in order:
+            chance *= p[index] / left
+            left -= p[index]
+        for index in order[: n // 2]:
+            chances[index] += chance
+    return chances
+
+
 def example_e() -> list[str]:
     means = [0.05, 0.30, 0.50, 0.85]
     power = 2
     weights = [(1 - m + 1e-8) ** power for m in means]
     p = mean_reward_weights(means, power)
     n = len(means)
+    half = first_half_chances(p.tolist())
     return [
         f"(e) TimeLens2's draw weights, sample_weight_mean_power = {power}: {n} training queries whose starting model's",
         f"    mean tIoU over its k sampled answers (curate's mean_iou) is {_plain(means, 2)}.",
         f"    weight = (1 - mean + 1e-8)^{power} = {_plain(weights)}; sum = {sum(weights):.4f}",
         f"    p = weight / sum = {_plain(p)}   (TRL's shuffled pass: {1 / n:.4f} each)",
-        "    Each generation batch draws its prompts with probability p, with replacement; a drawn prompt keeps its G",
-        "    answers, and its rewards, advantages and loss are computed as before. Over many steps a query's share of",
-        f"    the summed loss (and of the gradient) is p instead of 1/{n}: x N p = {_plain(p * n)}.",
-        f"    The query at mean tIoU {means[0]} is drawn {p[0] / p[-1]:.1f} times as often as the one at {means[-1]}. A group whose",
-        "    rewards are all equal still has zero advantages (no policy-gradient term), however often it is drawn.",
+        "    Each epoch orders the queries by weight, without replacement: the first is drawn with probability p, each",
+        "    next one from those left in proportion to their weights. Every query still comes once an epoch, with its G",
+        "    answers, rewards, advantages and loss as before; the weight moves the hard ones early, and a run that stops",
+        f"    mid-epoch trains mostly on those. Chance to be among the first {n // 2} of {n}: {_plain(half)}",
+        f"    (uniform: 0.5000 each). The query at mean tIoU {means[0]} is drawn first {p[0] / p[-1]:.1f} times as often as the one",
+        f"    at {means[-1]}; the relative weight logged for a drawn query is N p: x N p = {_plain(p * n)}.",
+        "    A group whose rewards are all equal still has zero advantages (no policy-gradient term), wherever it comes.",
     ]
 
 

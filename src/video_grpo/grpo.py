@@ -24,10 +24,12 @@ from video_grpo.configs import GRPOScriptArguments, validate_recipe
 from video_grpo.data import build_datasets
 from video_grpo.distributed import end_run, exit_process
 from video_grpo.families import family_of_model
+from video_grpo.guidance import check_guided_template
 from video_grpo.memory_check import install_plan_check, wanted
 from video_grpo.plan.startup import check_plan, decode_cache_tokens, fit_run, log_startup_plan
 from video_grpo.rewards import recipe_reader, resolve_reward_funcs
 from video_grpo.sample_weights import draw_weights
+from video_grpo.sources import recipe_sources
 from video_grpo.trainer import VideoGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -145,6 +147,9 @@ def build_trainer(
         model_args.model_name_or_path, model_args.model_revision, training_args.trust_remote_code
     )
     train_dataset, eval_dataset = build_datasets(script_args, family)
+    if script_args.gt_guidance:  # a one-span guided answer cannot write a multi-span query: refuse it now
+        where = {source.name: source.describe() for source in recipe_sources(script_args)}
+        check_guided_template(script_args.answer_template, train_dataset, where)
     sample_weights = None
     # TimeLens2's draw weights, from the starting model's mean IoU per query (video_grpo.sample_weights)
     if script_args.sample_weight_mean_power > 0:

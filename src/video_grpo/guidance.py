@@ -13,6 +13,7 @@ answer's IoU of 1 lifts the group mean above every sampled answer, good ones inc
 
 from __future__ import annotations
 
+import pyarrow.compute as pc
 import torch
 
 from video_grpo.answers import render_solution
@@ -35,6 +36,31 @@ def guided_completion_ids(
     guided answer is then one the policy could have sampled, not a digit pattern it never writes."""
     text = render_solution(template, row["solution"], row.get("sentence", ""), decimals=decimals)
     return tokenizer(text, add_special_tokens=False)["input_ids"] + [eos_token_id]
+
+
+def check_guided_template(template: str, dataset, where: dict[str | None, str]) -> None:
+    """Refuse, before the model loads, a one-span ``answer_template`` ({start}/{end}) over training data with
+    multi-span queries: the guided answer must write every annotated span, and ``answers.render_solution`` would
+    otherwise raise inside the first generation that draws such a query. ``where`` describes the file a row comes
+    from, keyed by the row's ``data_source`` (None for a single ``train_file``). Reads the Arrow columns only."""
+    if "{start}" not in template and "{end}" not in template:
+        return
+    table = dataset.data
+    solutions = table.column("solution")
+    if not hasattr(solutions.type, "value_type") or not hasattr(solutions.type.value_type, "value_type"):
+        return  # every solution is one [s, e]
+    lengths = pc.list_value_length(solutions)
+    first = pc.index(pc.greater(lengths, 1), True).as_py()
+    if first < 0:
+        return
+    query_id = table.column("id")[first].as_py()
+    source = table.column("data_source")[first].as_py() if "data_source" in table.column_names else None
+    raise ValueError(
+        f"gt_guidance: answer_template {template!r} writes one span ({{start}}/{{end}}), but {where[source]} has "
+        f"queries with several spans (the first: {query_id}, {lengths[first].as_py()} spans), and the guided answer "
+        "must write all of them. Set answer_template to one with {spans} (every span as [[S, E], ...]), e.g. "
+        "video_grpo.answers.JSON_ANSWER_TEMPLATE, or set gt_guidance: false."
+    )
 
 
 def group_advantages(

@@ -23,7 +23,6 @@ from multiprocessing import Pool
 
 from tqdm.auto import tqdm
 
-from video_grpo.annotations import load_annotations
 from video_grpo.configs import script_args_from_yaml
 from video_grpo.families import FAMILIES, family_of_recipe
 from video_grpo.frame_cache import cache_path, entry_size, write_cache
@@ -163,26 +162,37 @@ def main(argv: list[str] | None = None) -> int:
     if not script_args.frame_cache_dir and not args.dry_run:
         parser.error("no frame_cache_dir: set it in the recipe or pass --frame_cache_dir")
     from video_grpo.data import missing_recipe_paths
+    from video_grpo.sources import DataSource, load_source, missing_source_paths, recipe_sources
 
     problems = missing_recipe_paths(
         script_args, args.config, ("train_file", "eval_file", "durations_file", "video_root")
     )
+    sources = recipe_sources(script_args) if script_args.train_file or script_args.train_sources else []
+    if script_args.train_sources:
+        problems += missing_source_paths(sources)
     if problems:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    durations = {}
-    for annotation_file in (script_args.train_file, script_args.eval_file):
-        if annotation_file:
-            records, _ = load_annotations(
-                annotation_file,
+    if script_args.eval_file:  # read as its own file, with the recipe's top-level settings
+        sources.append(
+            DataSource(
+                None,
+                script_args.eval_file,
                 script_args.dataset_format,
                 script_args.video_root,
                 script_args.durations_file,
-                tuple(script_args.video_extensions),
-                allow_absolute_video_paths=script_args.allow_absolute_video_paths,
+                script_args.prompt_template,
             )
-            durations.update((r["video"], float(r["duration"])) for r in records)
+        )
+    durations = {}
+    for source in sources:  # every training source (train_sources, or train_file) and the eval file
+        records, _ = load_source(
+            source,
+            tuple(script_args.video_extensions),
+            allow_absolute_video_paths=script_args.allow_absolute_video_paths,
+        )
+        durations.update((r["video"], float(r["duration"])) for r in records)
     videos = sorted(durations)
     fmt = script_args.frame_cache_format
     sampling = SamplingConfig.from_args(script_args, family_of_recipe(args.config, args.model_family))

@@ -94,8 +94,10 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     )
     logger.setLevel(training_args.get_process_log_level())
     set_seed(training_args.seed)
-    if not script_args.train_file:
-        raise ValueError("train_file: not set; point it at the training annotations.")
+    if not script_args.train_file and not script_args.train_sources:
+        raise ValueError(
+            "train_file: not set; point it at the training annotations (or declare train_sources)."
+        )
 
     family = family_of_model(model_args.model_name_or_path, model_args.model_revision).with_text_timestamps(
         script_args.frame_timestamps_in_text

@@ -24,6 +24,7 @@ from trl import GRPOTrainer
 
 from video_grpo import state_fork
 from video_grpo.checkpointing import keep_one_input_grad_hook
+from video_grpo.data import set_replacement_weights
 from video_grpo.decode import (
     CompiledDecoder,
     DecodeStats,
@@ -54,7 +55,7 @@ from video_grpo.processing import (
     vision_placeholder_ids,
 )
 from video_grpo.rewards import DEFAULT_ANSWER_TEMPLATE
-from video_grpo.sample_weights import WeightedRepeatSampler, relative_weights
+from video_grpo.sample_weights import SamplerEpoch, WeightedRepeatSampler, relative_weights
 from video_grpo.span_scoring import check_span_scoring
 
 logger = logging.getLogger(__name__)
@@ -153,8 +154,8 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             it as a CUDA graph where that is safe (the cache then stays allocated). decode_cache_tokens: the
             static cache's length, the longest prompt the recipe allows + max_completion_length (None: from the
             first generation call).
-        sample_weights: each training row's draw probability (TimeLens2's, ``video_grpo.sample_weights``); the
-            prompts are then drawn by weight, with replacement. None: TRL's shuffled pass.
+        sample_weights: each training row's draw probability (TimeLens2's, ``video_grpo.sample_weights``); each
+            epoch then orders the prompts by weight, without replacement. None: TRL's shuffled pass.
         """
         super().__init__(*args, **kwargs)
         if sample_weights is not None and len(sample_weights) != len(self.train_dataset):
@@ -162,6 +163,11 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
                 f"sample_weights: {len(sample_weights)} weights for {len(self.train_dataset)} training rows"
             )
         self.sample_weights = sample_weights
+        if sample_weights is not None:  # a bad video's replacement is drawn as the sampler draws
+            set_replacement_weights(self.train_dataset, sample_weights)
+        self._sampler_epoch = SamplerEpoch()  # names each epoch to the weighted sampler, also after a resume
+        if sample_weights is not None:
+            self.add_callback(self._sampler_epoch)
         # TRL switches checkpointing off and on around generation; each switch-on adds an input-gradient hook
         keep_one_input_grad_hook(self.model)
         self.gt_guidance = gt_guidance
@@ -367,7 +373,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
 
     def _account_bad_samples(self, inputs: list[dict]) -> None:
         """Count prompts whose video was replaced, log ``data/bad_samples``, and enforce the cap."""
-        prompts = {x.get("row_index", i): x for i, x in enumerate(inputs)}
+        prompts = {x.get("drawn_row_index", x.get("row_index", i)): x for i, x in enumerate(inputs)}
         bad = [x for x in prompts.values() if x.get("bad_sample")]
         for x in bad:
             if x["bad_sample"] not in self._warned_bad_videos:
@@ -396,11 +402,13 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         if self.video_encoder is not None:
             self.video_encoder.reset()  # a frozen tower's cached features live for one generation batch
         self._account_bad_samples(inputs)
-        # With draw weights, log N p(q) averaged over the drawn prompts (1 for a uniform draw)
+        # With draw weights, log N p(q) averaged over the drawn prompts (1 for a uniform draw): the drawn row's,
+        # also where a bad video was replaced by another row (video_grpo.data.VideoTransform)
         if self.sample_weights is not None and self.model.training:
-            rows = relative_weights(self.sample_weights, [x.get("row_index", -1) for x in inputs])
-            drawn = self.accelerator.gather(rows.to(self.accelerator.device))
-            self._metrics["train"]["sample_weight/relative_weight"].append(torch.nanmean(drawn).item())
+            drawn = [x.get("drawn_row_index", x.get("row_index", -1)) for x in inputs]
+            rows = relative_weights(self.sample_weights, drawn)
+            gathered = self.accelerator.gather(rows.to(self.accelerator.device))
+            self._metrics["train"]["sample_weight/relative_weight"].append(torch.nanmean(gathered).item())
         self._video_rows = encode_rows(self.processing_class, inputs, self.family, self.chat_template_kwargs)
         reshape = self.model.training and (self.gt_guidance or self.advantage_shaping != "none")
         if self.gt_guidance and self.model.training:
@@ -426,13 +434,16 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
     def _get_train_sampler(self, dataset=None):
         if self.sample_weights is None:
             return super()._get_train_sampler(dataset)
-        return WeightedRepeatSampler(
+        sampler = WeightedRepeatSampler(
             self.sample_weights,
             mini_repeat_count=self.num_generations,
             batch_size=self.args.generation_batch_size // self.num_generations,
             repeat_count=self.num_iterations * self.args.steps_per_generation,
             seed=self.args.seed,
         )
+        if getattr(self, "_sampler_epoch", None) is not None:
+            self._sampler_epoch.sampler = sampler
+        return sampler
 
     # Why: each prompt is prefilled once for its G answers (video_grpo.prefill); with gt_guidance, the last
     # answer of each group is the annotated span, not a sample.

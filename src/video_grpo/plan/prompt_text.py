@@ -174,3 +174,17 @@ def text_around(
 
     kwargs_json = json.dumps(chat_template_kwargs or {}, sort_keys=True)
     return _text_around(family, prompt_template or DEFAULT_PROMPT, model, kwargs_json)
+
+
+def longest_text_around(
+    family: ModelFamily,
+    templates: list[str | None],
+    temporal_patches: int,
+    model: str | None = None,
+    chat_template_kwargs: dict | None = None,
+) -> TextAround:
+    """:func:`text_around` for the template whose prompt is longest at ``temporal_patches`` frame pairs: a recipe
+    with several training sources (``train_sources``, :mod:`video_grpo.sources`) writes each source's prompt with its
+    own template, and the plan must hold the longest."""
+    arounds = [text_around(family, template, model, chat_template_kwargs) for template in templates or [None]]
+    return max(arounds, key=lambda around: around.tokens(temporal_patches))

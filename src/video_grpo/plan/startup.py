@@ -12,10 +12,11 @@ from video_grpo.launch_env import launch_from_environment
 from video_grpo.plan.autofit import FitResult, auto_fit
 from video_grpo.plan.loss_split import LossSettings
 from video_grpo.plan.model import load_model_config, read_model_shape
-from video_grpo.plan.prompt_text import text_around
+from video_grpo.plan.prompt_text import longest_text_around
 from video_grpo.plan.ranks import check_agreement, gather_devices
 from video_grpo.plan.recipe import GB, Plan, make_plan, resolve_gpu
 from video_grpo.plan.workload import decode_cache_positions, workload_from_recipe, worst_case_video
+from video_grpo.sources import prompt_templates
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +164,10 @@ def decode_cache_tokens(
             script_args.video_min_pixels,
             script_args.video_max_pixels,
         )
-        around = text_around(family, script_args.prompt_template, model_name_or_path, chat_template_kwargs)
+        templates = prompt_templates(
+            script_args.train_sources, script_args.prompt_template, script_args.eval_file
+        )
+        around = longest_text_around(family, templates, pairs, model_name_or_path, chat_template_kwargs)
     except Exception as err:  # noqa: BLE001 (any planner error: sized at the first call instead)
         logger.warning(f"decode_compile: could not size the static cache from the recipe ({err})")
         return None

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from video_grpo.families import ModelFamily
-from video_grpo.plan.prompt_text import text_around
+from video_grpo.plan.prompt_text import longest_text_around
 
 
 def decode_cache_positions(prompt_tokens: int, temporal_patches: int, completion_tokens: int) -> int:
@@ -199,12 +199,15 @@ def workload_from_recipe(
     mixed = (launch["mixed_precision"] or ("bf16" if recipe.get("bf16") else "no")) == "bf16"
     shared = recipe.get("shared_prefix") is not False and not stateful_text
     from video_grpo.decode import parse_decode_compile
+    from video_grpo.sources import parse_train_sources, prompt_templates
 
-    around = text_around(
-        family,
+    templates = prompt_templates(
+        parse_train_sources(recipe.get("train_sources")),
         recipe.get("prompt_template"),
-        recipe.get("model_name_or_path"),
-        recipe.get("chat_template_kwargs"),
+        recipe.get("eval_file"),
+    )
+    around = longest_text_around(
+        family, templates, pairs, recipe.get("model_name_or_path"), recipe.get("chat_template_kwargs")
     )
     return Workload(
         visual_tokens=visual,
