@@ -240,3 +240,24 @@ def test_explain_shows_the_weights():
     assert "(e) TimeLens2's draw weights" in text
     assert "p = weight / sum = [0.5420, 0.2943, 0.1502, 0.0135]" in text
     assert "x N p = [2.1682, 1.1772, 0.6006, 0.0541]" in text
+
+
+def test_the_order_is_timelens2s_draw_to_the_bit():
+    """Their build_sample_weights (std power 0) and RepeatSampler, written out from their code's steps: float64
+    weights, normalised in float32, renormalised in float64, one multinomial of all rows from a seeded generator."""
+    import numpy as np
+
+    from video_grpo.sample_weights import WeightedRepeatSampler, mean_reward_weights
+
+    rng = np.random.default_rng(0)
+    means = rng.uniform(0, 1, 50_000)
+    base = np.power(1.0 - np.clip(means, 0.0, 1.0) + 1e-8, 2.0)
+    theirs = torch.tensor(base, dtype=torch.float32)
+    theirs = (theirs / theirs.sum()).to(dtype=torch.double)
+    generator = torch.Generator()
+    generator.manual_seed(42)
+    expected = torch.multinomial(
+        theirs / theirs.sum(), 50_000, replacement=False, generator=generator
+    ).tolist()
+    sampler = WeightedRepeatSampler(mean_reward_weights(means.tolist(), 2), mini_repeat_count=1, seed=42)
+    assert list(sampler) == expected

@@ -34,9 +34,9 @@ computes them once, over every source); ``grpo/timelens/trainer.py`` at commit 2
 ``weights``: the multinomial order of all N rows without replacement from a generator seeded once, then TRL's
 chunks); ``grpo/scripts/train_grpo_{4b,8b}.sh`` (``SAMPLE_WEIGHT_STD_POWER=0``, ``SAMPLE_WEIGHT_MEAN_POWER=2``,
 ``SAMPLE_WEIGHT_MEAN_SPEC=tiou``: the mean is over the tIoU reward alone). The released std power is 0, which makes
-the std factor 1; it is not implemented here. TimeLens2 normalises the weights in float32 before the draw; they are
-float64 here, which moves a few rows of a long order (0.15% of 193K rows, in a check with random weights) but
-not the rule.
+the std factor 1; it is not implemented here. The weights are rounded as TimeLens2 rounds them (normalised in
+float32, renormalised in float64 for the draw): kept in float64 throughout, a few rows of a long order move (0.15%
+of 193K rows, in a check with random weights).
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ logger = logging.getLogger(__name__)
 
 
 def mean_reward_weights(mean_rewards: Sequence[float], power: float) -> torch.Tensor:
-    """Draw probabilities (float64, summing to 1), one per query, from each query's mean reward."""
+    """Draw probabilities (float64, summing to 1), one per query, from each query's mean reward, rounded as
+    TimeLens2 rounds them: the weights in float64, normalised in float32, then renormalised in float64 for the
+    draw. The same probabilities give the same order from the same generator state as theirs."""
     if not mean_rewards:
         raise ValueError("mean_reward_weights: no queries")
     means = torch.tensor(mean_rewards, dtype=torch.float64).clamp(0.0, 1.0)
@@ -67,7 +69,9 @@ def mean_reward_weights(mean_rewards: Sequence[float], power: float) -> torch.Te
             f"sample_weight_mean_power: {power} makes the weight of a solved query (1e-8^{power}) underflow to 0; "
             "use a smaller power (TimeLens2: 2)"
         )
-    return weights / weights.sum()
+    single = weights.float()
+    single = (single / single.sum()).double()
+    return single / single.sum()
 
 
 def read_mean_rewards(path: str | Path, field: str = "mean_iou") -> dict[str, float]:
