@@ -243,10 +243,10 @@ def test_gradient_checkpointing_gives_the_same_gradients(train):
 
 def test_timelens2_bnpo_on_one_answer_per_micro_batch_is_grpo_over_the_group(train):
     """TimeLens2's launch puts one answer per micro-batch (BATCH_PER_DEVICE 1, accumulation 8) under their bnpo
-    loss: each answer's token mean, averaged over the group. Their presets keep that layout (micro-batch 1,
-    accumulation G, ``steps_per_generation`` G: one generation of the whole group, each GPU holding one prompt's
-    answers) and it gives TRL's grpo loss over the group's answers in one micro-batch exactly; bnpo over the whole
-    group in one micro-batch (a token mean across answers) is another loss."""
+    loss: each answer's token mean, averaged over the group. That layout (micro-batch 1, accumulation G,
+    ``steps_per_generation`` G: one generation of the group) gives TRL's grpo loss over the group's answers in one
+    micro-batch exactly, which is how the TimeLens2 presets train (one prompt's answers per GPU: its prompt run
+    once); bnpo over the whole group in one micro-batch (a token mean across answers) is another loss."""
     settings = {"scale_rewards": "none", "beta": 0.04, "max_steps": 2}
     theirs, theirs_loss, theirs_calls = train(1, G, G, loss_type="bnpo", **settings)
     grpo, grpo_loss, grpo_calls = train(G, 1, 1, loss_type="grpo", **settings)

@@ -7,11 +7,13 @@ installed did, for the GPU recipes); this runs the entry point's own validation 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
 
 from video_grpo.configs import validate_recipe
+from video_grpo.families import FAMILIES
 from video_grpo.grpo import build_trainer, parse_args
 from video_grpo.rewards import render_solution, resolve_reward_funcs
 from video_grpo.trainer import VideoGRPOTrainer
@@ -47,20 +49,40 @@ def test_shipped_recipe_builds_a_trainer(recipe, family_model, tmp_path, caplog)
     swapped = {
         **{k: v for k, v in shipped.items() if k not in DATA_FIELDS},
         "model_name_or_path": str(tiny_model_dir),
-        "train_file": str(SAMPLES / "train.jsonl"),
         "output_dir": str(tmp_path / "out"),
         "use_cpu": True,
     }
+    if shipped.get("train_sources"):  # each source's file swapped for a sample in its format; its prompt kept
+        samples = [
+            SAMPLES / "timelens" / "timelens2-93k_raw_annotations.jsonl",
+            SAMPLES / "timelens" / "timelens-100k_samples.jsonl",
+        ]
+        swapped["train_sources"] = {
+            name: {
+                **{k: v for k, v in source.items() if k not in DATA_FIELDS},
+                "train_file": str(samples[i % 2]),
+                "video_root": str(SAMPLES / "videos"),
+                "durations_file": None,
+            }
+            for i, (name, source) in enumerate(shipped["train_sources"].items())
+        }
+    else:
+        swapped["train_file"] = str(SAMPLES / "train.jsonl")
     if shipped.get("eval_file"):
         swapped["eval_file"] = str(SAMPLES / "test.jsonl")
     if shipped.get("sample_weight_file"):  # TimeLens2's draw weights: one mean IoU per sample query
-        stats = tmp_path / "per_query.jsonl"
-        ids = [json.loads(line)["id"] for line in (SAMPLES / "train.jsonl").read_text().splitlines() if line]
-        stats.write_text("".join(json.dumps({"id": i, "mean_iou": 0.5}) + "\n" for i in ids))
-        swapped["sample_weight_file"] = str(stats)
+        swapped["sample_weight_file"] = str(tmp_path / "per_query.jsonl")  # written below, from the rows' ids
     path = tmp_path / recipe.name
     path.write_text(yaml.safe_dump(swapped))
     script_args, training_args, model_args = parse_args(["--config", str(path)])
+    if shipped.get("sample_weight_file"):
+        from video_grpo.data import build_datasets
+
+        rows, _ = build_datasets(script_args, FAMILIES[family])
+        ids = rows.with_format(None)["id"]
+        Path(swapped["sample_weight_file"]).write_text(
+            "".join(json.dumps({"id": i, "mean_iou": 0.5}) + "\n" for i in ids)
+        )
     validate_recipe(script_args, training_args, model_args)
     trainer = build_trainer(script_args, training_args, model_args)
     assert isinstance(trainer, VideoGRPOTrainer) and trainer.family.name == family

@@ -1,5 +1,6 @@
-"""The TimeLens2 presets carry TimeLens2's published values (MCG-NJU/TimeLens2: grpo/scripts/train_grpo_{4b,8b}.sh,
-sft/configs/_base.py, evaluation's TimeLens_Charades_4fps), the SFT presets parse as `video_grpo.sft` reads them, and
+"""The TimeLens2 presets carry TimeLens2's published values (MCG-NJU/TimeLens2 at a5ce450: grpo/scripts/train.sh
+and train_grpo_{4b,8b}.sh, grpo/timelens/config.py, grpo/configs/data/timelens2.json, sft/configs/_base.py,
+evaluation's TimeLens_Charades_4fps), the SFT presets parse as `video_grpo.sft` reads them, and
 the evaluate preset samples as that evaluation does. Building a trainer and planning are checked for every GRPO
 preset in test_recipes.py and test_plan.py."""
 
@@ -26,7 +27,20 @@ GRPO = {
     "video_max_frames": 512,  # FPS_MAX_FRAMES
     "learning_rate": 1e-6,  # LEARNING_RATE
     "beta": 0.04,  # BETA
-    "max_steps": 300,  # MAX_STEPS
+    "max_completion_length": 512,  # MAX_COMPLETION_LENGTH
+    "temperature": 1.0,  # TEMPERATURE
+    "top_p": 1.0,  # TOP_P
+    "scale_rewards": "none",  # --scale_rewards False
+    # config.py's bnpo on BATCH_PER_DEVICE=1 answer x accumulation 8 (GLOBAL_BATCH_SIZE 64 on 8 GPUs) is grpo on one
+    # prompt's 8 answers per GPU, exactly (tests/test_auto_fit_math.py): the same 64 answers a step
+    "loss_type": "grpo",
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "steps_per_generation": 1,
+    "lr_scheduler_type": "constant",  # --lr_scheduler_type constant
+    "freeze_vision_tower": True,  # --freeze_vision_tower True
+    "train_vision_merger": True,  # --freeze_merger False
+    "max_grad_norm": 1.0,
     "save_steps": 50,  # SAVE_STEPS
     "seed": 42,  # SEED
     "reward_funcs": ["twass", "tiou", "parse_penalty"],  # REWARD_FUNCS=twass1,tiou,parse_penalty
@@ -46,20 +60,26 @@ def test_grpo_presets_carry_the_published_values(size):
     recipe = preset("grpo", size)
     assert recipe["model_name_or_path"] == f"Qwen/Qwen3-VL-{size.upper()}-Instruct"
     assert {key: recipe[key] for key in GRPO} == GRPO
+    assert recipe["max_steps"] == {"4b": 200, "8b": 300}[size]  # MAX_STEPS
     # GLOBAL_BATCH_SIZE=64 answers per optimizer step, on the launch the header names
     launch = re.search(
         r"^# Plan: fits .* with (configs/accelerate/\S+\.yaml)", yaml_text("grpo", size), re.M
     )[1]
     processes = int(PROCESSES.search((REPO / launch).read_text())[1])
     assert processes * recipe["per_device_train_batch_size"] * recipe["gradient_accumulation_steps"] == 64
-    # the JSON answer: their prompt, and every annotated span written as a JSON list
-    assert (
-        "JSON array of [start, end] pairs" in recipe["prompt_template"]
-        and "{sentence}" in recipe["prompt_template"]
+    # their two sources, each with its prompt (their '{query}' is our '{sentence}'), the query normalised as theirs
+    sources = recipe["train_sources"]
+    assert list(sources) == ["timelens2-93k", "timelens-100k"]
+    assert sources["timelens2-93k"]["prompt_template"].startswith(
+        'You are given a video.\nTask: temporal retrieval.\nGiven the query: "{sentence}"'
     )
+    assert sources["timelens-100k"]["prompt_template"].endswith(
+        "Return the result strictly as [[start, end]]] (in seconds)."
+    )
+    assert all(source["normalize_query"] for source in sources.values())
+    assert sources["timelens2-93k"]["train_file"].endswith("TimeLens2-93K_raw_annotations.jsonl")
     assert recipe["answer_template"] == "{spans}"
-    # every TimeLens2-93K query trains, drawn by the weights stage 2 (curate) measured
-    assert recipe["train_file"].endswith("TimeLens2-93K_raw_annotations.jsonl")
+    # every query of both sources trains, drawn by the weights stage 2 (curate) measured
     assert recipe["sample_weight_file"] == f"outputs/curate/timelens2_{size}/per_query.jsonl"
     args = script_args_from_yaml(str(REPO / "configs" / "grpo" / f"timelens2_qwen3_vl_{size}.yaml"))
     check_video_budget(args, FAMILIES["qwen3_vl"])
@@ -86,8 +106,12 @@ def test_sft_presets_parse_with_the_published_values(size, tmp_path):
     assert (script_args.video_min_pixels, script_args.video_max_pixels) == (4 * 32 * 32, 480 * 480)
     assert script_args.video_max_tokens == int(102400 * 0.8)
     check_video_budget(script_args, FAMILIES["qwen3_vl"])
-    # the stage-3 prompt, so that GRPO starts from the answer form SFT taught
-    assert script_args.prompt_template == preset("grpo", size)["prompt_template"]
+    # the stage-3 TimeLens2-93K prompt, so that GRPO starts from the answer form SFT taught
+    assert (
+        script_args.prompt_template
+        == preset("grpo", size)["train_sources"]["timelens2-93k"]["prompt_template"]
+    )
+    assert script_args.normalize_query
 
 
 def test_the_evaluate_preset_samples_as_timelens_charades_4fps():

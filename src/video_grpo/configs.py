@@ -577,19 +577,9 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
         fail("video_root", f"{script_args.video_root!r} is not a directory.")
     check_sources(script_args)
     if script_args.eval_file:
-        from video_grpo.sources import DataSource
+        from video_grpo.sources import eval_source
 
-        check_source_format(
-            DataSource(
-                None,
-                script_args.eval_file,
-                script_args.dataset_format,
-                script_args.video_root,
-                script_args.durations_file,
-                script_args.prompt_template,
-            ),
-            "eval_file",
-        )
+        check_source_format(eval_source(script_args), "eval_file")
     if script_args.sample_weight_mean_power > 0 and not training_args.shuffle_dataset:
         fail(
             "shuffle_dataset",

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     if not script_args.frame_cache_dir and not args.dry_run:
         parser.error("no frame_cache_dir: set it in the recipe or pass --frame_cache_dir")
     from video_grpo.data import missing_recipe_paths
-    from video_grpo.sources import DataSource, load_source, missing_source_paths, recipe_sources
+    from video_grpo.sources import eval_source, load_source, missing_source_paths, recipe_sources
 
     problems = missing_recipe_paths(
         script_args, args.config, ("train_file", "eval_file", "durations_file", "video_root")
@@ -175,16 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {problem}", file=sys.stderr)
         return 2
     if script_args.eval_file:  # read as its own file, with the recipe's top-level settings
-        sources.append(
-            DataSource(
-                None,
-                script_args.eval_file,
-                script_args.dataset_format,
-                script_args.video_root,
-                script_args.durations_file,
-                script_args.prompt_template,
-            )
-        )
+        sources.append(eval_source(script_args))
     durations = {}
     for source in sources:  # every training source (train_sources, or train_file) and the eval file
         records, _ = load_source(

@@ -133,16 +133,25 @@ def parse_train_sources(value) -> dict[str, dict] | None:
     return sources
 
 
-def recipe_sources(script_args) -> list[DataSource]:
-    """The training sources of a recipe (its parsed script arguments): each of ``train_sources`` with the
-    top-level fields filled in where it leaves a key out, or the one unnamed source of ``train_file``."""
-    top = {
+def _top_level(script_args) -> dict:
+    return {
         "dataset_format": script_args.dataset_format,
         "video_root": script_args.video_root,
         "durations_file": script_args.durations_file,
         "prompt_template": script_args.prompt_template,
         "normalize_query": bool(getattr(script_args, "normalize_query", False)),
     }
+
+
+def eval_source(script_args) -> DataSource:
+    """A recipe's ``eval_file`` as an unnamed source, read with the recipe's top-level settings."""
+    return DataSource(None, script_args.eval_file, **_top_level(script_args))
+
+
+def recipe_sources(script_args) -> list[DataSource]:
+    """The training sources of a recipe (its parsed script arguments): each of ``train_sources`` with the
+    top-level fields filled in where it leaves a key out, or the one unnamed source of ``train_file``."""
+    top = _top_level(script_args)
     if not script_args.train_sources:
         return [DataSource(None, script_args.train_file, **top)]
     sources = []
