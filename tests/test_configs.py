@@ -44,7 +44,7 @@ def test_shipped_recipes_parse(recipe):
     script, training, model = TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig)).parse_args_and_config(
         ["--config", str(recipe), "--output_dir", "/tmp/unused", "--bf16", "false", "--use_cpu", "true"]
     )
-    assert script.train_file and model.model_name_or_path
+    assert (script.train_file or script.train_sources) and model.model_name_or_path
 
 
 @pytest.mark.parametrize(

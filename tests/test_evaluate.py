@@ -153,7 +153,7 @@ def test_a_recipes_scoring_and_decoding_reach_the_run(tiny_model_dir, reference_
     config.write_text(yaml.safe_dump(recipe))
     out = finish(run_eval(tiny_model_dir, tmp_path / "out", "--max_samples", "3", config=config))
     settings = json.loads(next(line for line in out.splitlines() if line.startswith("evaluate run: "))[14:])
-    assert settings == {"span_scoring": "timelens", **generation, "max_new_tokens": 24}
+    assert settings == {"span_scoring": "timelens", "reader": "ours", **generation, "max_new_tokens": 24}
     lines = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
     reference = [json.loads(line) for line in (reference_run / "predictions.jsonl").read_text().splitlines()][
         :3

@@ -70,16 +70,20 @@ def test_the_fixture_becomes_a_dataset_the_presets_prompt():
     from video_grpo.video import SamplingConfig
 
     recipe = script_args_from_yaml(str(REPO / "configs" / "grpo" / "timelens2_qwen3_vl_8b.yaml"))
+    source = recipe.train_sources["timelens2-93k"]
     dataset = build_dataset(
         RAW,
         video_root=VIDEOS,
         sampling=SamplingConfig.from_args(recipe, FAMILIES["qwen3_vl"]),
-        prompt_template=recipe.prompt_template,
+        prompt_template=source["prompt_template"],
+        normalize_query=source["normalize_query"],
     )
     assert dataset.with_format(None)["solution"][:2] == [[[8.2, 22.7]], [[0.0, 8.2], [22.7, 34.0]]]
     row = dataset[1]
     text = row["prompt"][0]["content"][1]["text"]
-    assert text.startswith("Query: 'the screen is empty before and after the circle'")
+    assert text.startswith(
+        'You are given a video.\nTask: temporal retrieval.\nGiven the query: "the screen is empty before and after'
+    )
     assert row["video_frames"].shape[0] == 68  # 34 s at 2 fps
 
 

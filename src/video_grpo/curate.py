@@ -12,7 +12,8 @@ already solves every time (mean IoU ~ 1): every answer in its group gets about t
 
 For each query the IoU of every answer is computed with ``evaluate``'s rules (span from the last ``<answer>``
 block, else the last ``S to E`` in the text; a parse failure is IoU 0; a query with several true windows
-takes its best; with ``--span_scoring set``, every answered span against every true span, TimeLens2's tIoU), then
+takes its best; with ``--span_scoring set``, every answered span against every true span, TimeLens2's tIoU, the
+answer read as the ``--config`` recipe's ``tiou`` reward reads it, ``--reader`` to override), then
 its mean and population std over the k answers. A query is kept when
 ``min_iou <= mean <= max_iou``; below is "too hard", above is "too easy". With ``--max_queries N`` and more
 than N in the band, the N whose mean is closest to ``--target_iou`` (default 0.5) are kept, ties broken by id;
