@@ -1,7 +1,7 @@
 """The full learning run (2.5 minutes on 2 idle cores, 8-14 under load): from one SFT checkpoint, GRPO with
 VideoGRPOTrainer must answer better with the real frames than with black ones, and gain more test mIoU than TRL's
 own GRPOTrainer with the same budget; TimeLens2's twass reward must leave at most a quarter of the flat groups
-flat on the same sampled answers. It is the full run because no honest short variant was found: with 40 GRPO
+flat on the same sampled answers (re-scored; the run trains no twass arm). It is the full run because no honest short variant was found: with 40 GRPO
 steps (``--quick``) our test mIoU was still in a dip below its start (-4.9 points) in an earlier run, so a short
 run cannot tell. Deselect with `-m "not learning"`. Numbers and curves: docs/learning.md."""
 
@@ -55,19 +55,17 @@ def test_grpo_learns_to_look_and_plain_trl_does_not():
     assert answer_only["parsed_after"] >= 90, answer_only
     assert answer_only["ours"] > answer_only["blank_after"], answer_only  # real frames beat black frames
     assert answer_only["think_decoded_tokens_per_step"] is not None, answer_only  # measured beside <think>
-    # TimeLens2's twass reward, on the same sampled groups of every unguided <think> run, each group scored twice.
-    # A group of misses is flat under IoU alone and ranked once twass is added, so at most a quarter of the flat
-    # groups stay flat (goal ratio <= 0.25; those left are groups whose answers all give the same span). Most of
-    # IoU's flat groups come from plain TRL's run, whose generation misreads the frames (docs/learning.md).
+    # TimeLens2's twass reward (normalised by the true length), on the same sampled groups of every unguided
+    # <think> run, each group scored twice. A group of misses is flat under IoU alone and ranked once twass is
+    # added, so at most a quarter of the flat groups stay flat (goal ratio <= 0.25; those left are groups whose
+    # answers all give the same span). Most of IoU's flat groups come from plain TRL's run, whose generation
+    # misreads the frames (docs/learning.md). Whether training with twass helps: python -m
+    # video_grpo.bench.twass_evidence (several seeds; not in the suite).
     flat, spread = lines["twass_flat_groups"], lines["twass_within_group_std"]
-    twass, steps, by_run = lines["twass_test_miou"], lines["learning_iou"]["steps"], flat["by_run"]
-    assert set(by_run) == {"ours", "plain", "twass", "curation_curated", "curation_whole"}, flat
-    assert [by_run[name]["groups"] for name in ("ours", "plain", "twass")] == [steps * 8] * 3, flat
+    steps, by_run = lines["learning_iou"]["steps"], flat["by_run"]
+    assert set(by_run) == {"ours", "plain", "curation_curated", "curation_whole"}, flat
+    assert [by_run[name]["groups"] for name in ("ours", "plain")] == [steps * 8] * 2, flat
     assert by_run["curation_whole"]["groups"] == curation["groups"], flat
     assert flat["groups"] == spread["groups"] == sum(run["groups"] for run in by_run.values()), flat
     assert flat["flat_iou"] >= 50 and flat["ratio"] <= 0.25, flat
     assert spread["ratio"] > 1, spread  # the sum spreads more; its goal (2x) is reported, not asserted
-    # The twass arm: the same steps from the same start; its test mIoU is reported as it comes.
-    assert twass["steps"] == steps and twass["start_miou"] == lines["uses_video"]["start_miou"], twass
-    fixed = lines["best_fixed_span_miou"]["best_fixed_span_miou"]
-    assert twass["ours"] > fixed, twass  # it still reads the frames: above the best fixed answer

@@ -22,9 +22,9 @@ Reported (JSON lines, the benchmark schema):
 - ``curation_signal``: the mean within-group std of the IoU reward, training on the curated vs the whole of a pool
   with a spread of difficulty, for the same steps (:mod:`video_grpo.bench.curation`);
 - ``twass_flat_groups``, ``twass_within_group_std``: the share of flat groups and the within-group reward std,
-  ``twass`` + ``iou`` vs ``iou`` alone, on the same sampled groups of the runs above; ``twass_test_miou``: test
-  mIoU after a further GRPO run from the same start with ``twass`` added to the rewards, vs ours
-  (:mod:`video_grpo.bench.twass_rows`).
+  ``twass`` + ``iou`` vs ``iou`` alone, on the same sampled groups of the runs above
+  (:mod:`video_grpo.bench.twass_rows`). Whether training with ``twass`` answers better is
+  :mod:`video_grpo.bench.twass_evidence`'s question (several seeds, two starts), not this run's.
 """
 
 from __future__ import annotations
@@ -104,24 +104,6 @@ def _plain(work: Path, data: Path, start: Path, steps: int) -> dict:
         }
 
 
-def _twass(work: Path, data: Path, start: Path, steps: int) -> dict:
-    """VideoGRPOTrainer from the same start with TimeLens2's ``twass`` reward added to ``iou`` and ``format``, the
-    same steps and trainer seed, and its test metrics after."""
-    train, test = runs.task_dataset(data / "train.jsonl"), runs.task_dataset(data / "test.jsonl")
-    rollouts: list[dict] = []
-    with contextlib.redirect_stdout(sys.stderr):
-        history = runs.grpo(
-            start,
-            train,
-            work / "twass",
-            steps,
-            rollouts=rollouts,
-            extra_rewards=("twass",),
-            extra_reward_params={"twass": {"reader": "ours"}},  # the task's answers are "S to E"
-        )
-        return {"history": history, "after": runs.test_metrics(work / "twass", test), "rollouts": rollouts}
-
-
 def _guided(work: Path, data: Path, start: Path, steps: int) -> list[dict]:
     """Ground-truth-guided groups with TempSamp shaping from the same start."""
     with contextlib.redirect_stdout(sys.stderr):
@@ -182,7 +164,6 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False, work
         jobs["ours"] = pool.submit(_ours, work, data, start, steps)
         jobs["answer_only"] = pool.submit(answer_only_runs, work, data, steps)
         jobs["plain"] = pool.submit(_plain, work, data, start, steps)
-        jobs["twass"] = pool.submit(_twass, work, data, start, steps)
         if budget.guided_steps:
             jobs["guided"] = pool.submit(_guided, work, data, start, budget.guided_steps)
         done = {name: job.result() for name, job in jobs.items()}
@@ -260,13 +241,12 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False, work
         )
     if budget.curate:
         results["curation"] = emit_row(done["curation"]["row"])  # the row the curation worker made
-    results.update(twass_rows(done, before, after, steps, emit))
+    results.update(twass_rows(done, emit))
     emit("learning_wall_time", time.perf_counter() - started, 15 * 60, "s (ours) vs the 15-minute budget")
     curves = {
         "ours": ours,
         "plain": plain,
         "guided": guided,
-        "twass": done["twass"]["history"],
         "before": before,
         "after": after,
         "blank": blank,
@@ -279,18 +259,15 @@ def run(work: Path, emit, plot_to: Path | None = None, quick: bool = False, work
     return results
 
 
-def twass_rows(done: dict, before: dict, after: dict, steps: int, emit) -> dict:
-    """The twass rows (:mod:`video_grpo.bench.twass_rows`) from the runs' results: the spread rows over the groups
-    every run in ``ROLLOUT_RUNS`` sampled, and the twass arm's test mIoU against ours."""
+def twass_rows(done: dict, emit) -> dict:
+    """The twass spread rows (:mod:`video_grpo.bench.twass_rows`) over the groups every run in ``ROLLOUT_RUNS``
+    sampled."""
     from video_grpo.bench import twass_rows as twass
 
-    found = {name: done[name]["rollouts"] for name in ("ours", "plain", "twass")}
+    found = {name: done[name]["rollouts"] for name in ("ours", "plain")}
     found.update({f"curation_{k}": v for k, v in done.get("curation", {}).get("rollouts", {}).items()})
     rollouts = {name: found[name] for name in twass.ROLLOUT_RUNS if name in found}
-    rows = twass.spread_rows(rollouts, emit)
-    seed = runs.GRPO_SETTINGS["seed"]
-    rows["twass_test_miou"] = twass.miou_row(emit, done["twass"]["after"], after, before, steps, seed)
-    return rows
+    return twass.spread_rows(rollouts, emit)
 
 
 def decoded_per_step(history: list[dict]) -> float:

@@ -335,6 +335,8 @@ def grpo(
     rollouts: list[dict] | None = None,
     extra_rewards: tuple[str, ...] = (),
     extra_reward_params: dict[str, dict] | None = None,
+    accuracy_reward: Callable | None = None,
+    config: dict | None = None,
     **trainer_kwargs,
 ) -> list[dict]:
     """GRPO with the ``iou`` and ``format`` rewards from ``model_dir``; returns the per-step log.
@@ -348,7 +350,9 @@ def grpo(
     the same key. ``rollouts``: if given, every group of sampled answers the IoU reward scores is appended to it
     (:func:`recording_rollouts`, for :mod:`video_grpo.bench.twass_rows`). ``extra_rewards``: registry names trained with
     besides ``iou`` and ``format`` (weight 1 each, e.g. ``("twass",)``), with their parameters in
-    ``extra_reward_params`` (``{"twass": {"beta": 3.0}}``)."""
+    ``extra_reward_params`` (``{"twass": {"beta": 3.0}}``). ``accuracy_reward``: the first reward instead of
+    ``iou`` (e.g. ``tiou`` with ``reader: ours``; the log entries returned are those that carry its mean, under its
+    name). ``config``: ``GRPOConfig`` settings over ``GRPO_SETTINGS`` (e.g. ``{"scale_rewards": "none"}``)."""
     from transformers import AutoConfig, AutoProcessor
     from trl import GRPOConfig, GRPOTrainer
 
@@ -363,13 +367,18 @@ def grpo(
         trainer_processor.video_processor.size = pixels
     # A sampled <|video_pad|> would break the next forward; a TRL user has to suppress it too.
     suppress = vision_placeholder_ids(AutoConfig.from_pretrained(model_dir))
-    settings = {**GRPO_SETTINGS, "seed": seed}
+    settings = {**GRPO_SETTINGS, "seed": seed, **(config or {})}
     args = GRPOConfig(
         output_dir=str(out), max_steps=steps, generation_kwargs={"suppress_tokens": suppress}, **settings
     )
     trainer_class = GRPOTrainer if plain else VideoGRPOTrainer
     data = with_transform(dataset, FramesInPrompt) if plain else dataset
     accuracy = iou_reward if group_stds is None else recording_iou(group_stds, args.num_generations)
+    if accuracy_reward is not None:
+        assert group_stds is None and not answer_only, (
+            "accuracy_reward replaces iou: no group_stds, answer_only"
+        )
+        accuracy = accuracy_reward
     if answer_only:
         from video_grpo.rewards import iou_answer_only_reward
 
@@ -396,4 +405,5 @@ def grpo(
     if save:
         trainer.save_model(str(out))
         processor.save_pretrained(str(out))
-    return [e for e in trainer.state.log_history if "rewards/iou_reward/mean" in e]
+    key = f"rewards/{accuracy.__name__}/mean"
+    return [e for e in trainer.state.log_history if key in e]

@@ -16,11 +16,15 @@ answer that misses the true span, so a group of misses is such a group whatever 
 - ``twass_within_group_std``: on the same groups, the mean over groups of the population std of the G rewards,
   the same two sums. Adding a second reward in [0, 1] widens the range by itself: a copy of ``iou`` would give
   2x the std (4x the variance, the measure TimeLens2 reports, printed as ``variance_ratio``).
-- ``twass_test_miou``: test mIoU after the same GRPO steps from the same cold start and trainer seed,
-  ``iou`` + ``twass`` + ``format`` against the benchmark's own run (``iou`` + ``format``).
+- ``twass_test_miou`` (``--seeds`` only): test mIoU after the same GRPO steps from the same cold start and
+  trainer seed, ``iou`` + ``twass`` + ``format`` against ``iou`` + ``format``.
 
-``python -m video_grpo.bench.twass_rows --seeds 0 1 2`` runs the two GRPO arms alone for several trainer seeds
-from the benchmark's cold start (the numbers in docs/learning.md).
+``twass`` here is the registry's: normalised by the merged true length (TimeLens2 since f07353b), read with our
+parser (``twass_params``; its default reader takes TimeLens2's JSON answers only). ``bench learning`` emits the
+first two rows over its own runs; it no longer trains a twass arm. ``python -m video_grpo.bench.twass_rows
+--seeds 0 1 2`` runs the two GRPO arms alone for several trainer seeds from the benchmark's cold start, with the
+benchmark's settings (``scale_rewards: group``, ``iou``); :mod:`video_grpo.bench.twass_evidence` asks the same
+question with TimeLens2's settings, five seeds and two starts.
 """
 
 from __future__ import annotations
@@ -34,11 +38,17 @@ from video_grpo.answers import parse_answer_spans
 # Re-scored groups: the GRPO runs that sample <think> answers to the task's single-span queries with the IoU
 # reward, unguided (guided groups hold the true answer, not the policy's). The answer-only run is left out: it
 # trains with iou_answer_only on another answer form, not with iou.
-ROLLOUT_RUNS = ("ours", "plain", "twass", "curation_curated", "curation_whole")
+ROLLOUT_RUNS = ("ours", "plain", "curation_curated", "curation_whole")
 WITH_TWASS = ("iou", "twass")  # TimeLens2 trains with twass1 + tiou (+ parse_penalty)
 IOU_ALONE = ("iou",)
 SCORED = ("iou", "twass", "format")  # every reward the rows sum
 FLAT_TOLERANCE = 1e-9  # rewards of one group closer than this are equal (float sums of equal terms)
+
+
+def twass_params(beta: float = 1.0) -> dict:
+    """The twass arm's ``reward_kwargs``: the task answers ``<answer>S to E</answer>``, which twass's default reader
+    (TimeLens2's JSON) scores 0, so it reads with ours; normalised by the true length (the default)."""
+    return {"reader": "ours", "beta": beta}
 
 
 def score_group(group: dict, names: tuple[str, ...] = SCORED) -> dict[str, list[float]]:
@@ -181,7 +191,7 @@ def seed_runs(work: Path, emit, seeds: list[int], steps: int | None = None, beta
                     seed=seed,
                     rollouts=rollouts[arm],
                     extra_rewards=extra,
-                    extra_reward_params={"twass": {"beta": beta}} if extra else None,
+                    extra_reward_params={"twass": twass_params(beta)} if extra else None,
                 )
                 after[arm] = runs.test_metrics(work / arm, test)
         row = miou_row(emit, after["twass"], after["ours"], start_metrics, steps, seed, beta=beta)
