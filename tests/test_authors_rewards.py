@@ -8,12 +8,12 @@ the authors' functions unchanged:
 - ``timelens2``: MCG-NJU/TimeLens2 at f07353b, ``grpo/timelens/rewards/funcs.py`` ``score_completion`` with the
   spec of ``grpo/scripts/train_grpo_{4b,8b}.sh`` (``twass1,tiou,parse_penalty``); one reward function in their
   trainer, so a NaN total (twass of an answer ``[1e400, 5]``) counts 0;
-- ``timelens``: TencentARC/TimeLens at 5d90c06, ``training/train/reward_funcs.py`` ``tiou_reward`` (its GRPO
+- ``timelens``: TencentARC/TimeLens at 5d90c06 (the files last changed in cbc3684), ``training/train/reward_funcs.py`` ``tiou_reward`` (its GRPO
   scripts pass ``--reward_funcs tiou``);
-- ``time_r1``: xiaomi-research/time-r1 at 7f2b594, ``finetune.py`` ``iou_timestamp_reward`` + ``format_reward``
+- ``time_r1``: xiaomi-research/time-r1 at 7f2b594 (last changed in 8f9c9df), ``finetune.py`` ``iou_timestamp_reward`` + ``format_reward``
   (``scripts/finetune/run_charades.sh``: ``--reward_funcs iou format``); ``time_r1_iou_v2``: ``iou_timestamp_reward_v2``
   + ``format_reward`` (the paper's reward, ``scripts/posttrain/train_rl.sh``);
-- ``timezero``: www-Ye/Time-R1 at d1a0d54, ``src/open_r1/grpo_video.py`` ``iou_timestamp_reward`` + ``format_reward``.
+- ``timezero``: www-Ye/Time-R1 at d1a0d54 (last changed in bb6eac5), ``src/open_r1/grpo_video.py`` ``iou_timestamp_reward`` + ``format_reward``.
 
 Time-R1 and TimeZero take one true span; a multi-span row gives them its first span, as TimeLens's reward takes it.
 """

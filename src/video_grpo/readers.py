@@ -15,17 +15,17 @@ and the evaluation scorings (:mod:`video_grpo.evaluate`) call them.
   the first that parses as numeric pairs wins. Pairs are put in order (a reversed pair is swapped) and the
   answer counts only when every pair has start < end. Numbers are JSON numbers (exponents allowed) or strings
   holding one. Prose (``2 - 4 s``) is never a span. Nothing is clipped.
-- ``timelens`` (TencentARC/TimeLens at 5d90c06): training (``training/utils/parser.py``, used by
-  ``training/train/reward_funcs.py`` ``tiou_reward``) takes the answer block only when the text *starts* with
-  ``<think>...</think>`` followed by it, lowercases, turns every ``to`` into ``-``, then reads clock times
-  (``MM:SS``, ``HH:MM:SS``) in pairs; failing that, ``a - b`` ranges (or ``a to b``); failing that, any numbers,
-  paired in order. The *first* pair is scored; start >= end scores 0. Evaluation (``timelens/utils.py``, and
-  TimeLens2's VLMEvalKit ``evaluation/vlmeval/dataset/timelens.py`` at 2eb53e2) reads the whole output the same
-  way without the ``to`` -> ``-`` step, and scores the first pair by plain IoU, unswapped.
-- ``time_r1`` (xiaomi-research/time-r1 at 7f2b594 ``finetune.py``; www-Ye/Time-R1 (TimeZero) at d1a0d54
-  ``src/open_r1/grpo_video.py``, the same reader): the last ``<answer>`` block, and in it the last
-  ``S to E`` or ``S and E`` with exactly one space on each side of the word; S and E are plain decimals. Nothing
-  is clipped or reordered. Their format reward checks the tags only.
+- ``timelens`` (TencentARC/TimeLens at 5d90c06; the files last changed in cbc3684): training
+  (``training/utils/parser.py``, used by ``training/train/reward_funcs.py`` ``tiou_reward``) takes the answer block
+  only when the text *starts* with ``<think>...</think>`` followed by it, lowercases, turns every ``to`` into ``-``,
+  then reads clock times (``MM:SS``, ``HH:MM:SS``) in pairs; failing that, ``a - b`` ranges (or ``a to b``);
+  failing that, any numbers, paired in order. The *first* pair is scored; start >= end scores 0. Evaluation
+  (``timelens/utils.py``, and TimeLens2's VLMEvalKit ``evaluation/vlmeval/dataset/timelens.py`` at 2eb53e2) reads
+  the whole output the same way without the ``to`` -> ``-`` step, and scores the first pair by plain IoU, unswapped.
+- ``time_r1`` (xiaomi-research/time-r1 at 7f2b594, ``finetune.py`` last changed in 8f9c9df; www-Ye/Time-R1, the
+  TimeZero release, at d1a0d54, ``src/open_r1/grpo_video.py`` last changed in bb6eac5; the same reader): the last
+  ``<answer>`` block, and in it the last ``S to E`` or ``S and E`` with exactly one space on each side of the word;
+  S and E are plain decimals. Nothing is clipped or reordered. Their format reward checks the tags only.
 """
 
 from __future__ import annotations
