@@ -19,7 +19,7 @@ from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from video_grpo.bench.emit import emit
 from video_grpo.bench.qwen_widths import published_config
-from video_grpo.encoder import install
+from video_grpo.inputs.encoder import install
 from video_grpo.plan.memory import plan_memory
 from video_grpo.plan.model import read_model_shape
 from video_grpo.plan.workload import Workload

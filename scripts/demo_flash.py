@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from video_grpo.annotations import write_jsonl
 from video_grpo.bench import learning_runs as runs
 from video_grpo.bench.learning_runs import FULL
+from video_grpo.data.annotations import write_jsonl
 from video_grpo.toys.synthetic import best_fixed_span, make_flash_split, temporal_iou
 
 TRAIN, TEST, SFT_STEPS = 128, 128, 100

@@ -51,7 +51,7 @@ def recording_apply_auto_fit(script_args, training_args, model_args) -> None:
 entry.apply_auto_fit = recording_apply_auto_fit
 
 if __name__ == "__main__":
-    from video_grpo.distributed import exit_process
+    from video_grpo.runtime.distributed import exit_process
 
     budgets = sys.argv[1].split(",")
     budget = budgets[int(os.environ.get("RANK", 0))]

@@ -47,6 +47,6 @@ def ended_in_order(record: Path, ranks: int = 2) -> list[dict]:
 
 
 if __name__ == "__main__":
-    from video_grpo.distributed import exit_process
+    from video_grpo.runtime.distributed import exit_process
 
     exit_process(run(sys.argv[1:]))

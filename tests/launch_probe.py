@@ -8,10 +8,10 @@ probes that only observe. Each rank writes ``<output_dir>/probe.rank<R>.json``:
   during training and during evaluation;
 - ``eval_metrics``: what ``evaluate()`` returned (eval_strategy steps runs it during training too);
 - ``shared_prefix``: whether the trainer packed rows by prompt, and the token positions the packed forwards
-  carried against what the plain forwards would have (``video_grpo.prefix``);
+  carried against what the plain forwards would have (``video_grpo.inputs.prefix``);
 - ``weight_pointers``: for each generation call, the data pointers of the language model's weights as generation
   sees them (ZeRO-3 gathers them for it: do they keep their addresses, as CUDA graphs would need?);
-- ``decode``: the compiled decoder's counts (``video_grpo.decode``), when ``decode_compile`` is on.
+- ``decode``: the compiled decoder's counts (``video_grpo.rollout.decode``), when ``decode_compile`` is on.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
 
 import video_grpo.grpo as entry
-from video_grpo import prefill
+from video_grpo.rollout import prefill
 
 RECORD: dict = {
     "rows_compared": 0,
@@ -82,7 +82,7 @@ one_prefill = prefill.generate
 
 
 def spy_one_prefill(*args, **kwargs):
-    """With shared_prefix, generation's positions come from one prefill per prompt (video_grpo.prefill)."""
+    """With shared_prefix, generation's positions come from one prefill per prompt (video_grpo.rollout.prefill)."""
     language = prefill.language_backbone(args[0]).language_model
     RECORD["weight_pointers"].append([p.data_ptr() for p in language.parameters()])
     STATE["in_generation"] = True
@@ -147,7 +147,7 @@ entry.VideoGRPOTrainer = ProbeTrainer
 
 if __name__ == "__main__":
     from launch_entry import record_end  # this script's folder is on the path
-    from video_grpo.distributed import exit_process
+    from video_grpo.runtime.distributed import exit_process
 
     script_args, training_args, model_args = entry.parse_args(sys.argv[1:])
     record_end(Path(training_args.output_dir), entry.main(script_args, training_args, model_args))

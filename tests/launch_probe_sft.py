@@ -44,7 +44,7 @@ entry.VideoSFTTrainer = ProbeTrainer
 
 if __name__ == "__main__":
     from launch_entry import record_end  # this script's folder is on the path
-    from video_grpo.distributed import exit_process
+    from video_grpo.runtime.distributed import exit_process
 
     script_args, training_args, model_args = entry.parse_args(sys.argv[1:])
     returned = entry.main(script_args, training_args, model_args)

@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from video_grpo.rewards import completion_text
+from video_grpo.rewards.functions import completion_text
 
 
 def length_reward(completions, **kwargs) -> list[float]:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from video_grpo.annotations import AnnotationError, detect_format, load_annotations
+from video_grpo.data.annotations import AnnotationError, detect_format, load_annotations
 
 from .conftest import REFERENCE, SAMPLES
 

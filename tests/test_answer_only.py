@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from video_grpo.configs import TIMELENS_PROMPT, TIMELENS_PROMPT_TEXT_TIMESTAMPS, GRPOScriptArguments
-from video_grpo.data import build_prompt
+from video_grpo.data.dataset import build_prompt
 from video_grpo.evaluate import parse_prediction
-from video_grpo.rewards import (
+from video_grpo.rewards.functions import (
     ANSWER_ONLY_TEMPLATE,
     REWARD_FUNCS,
     format_reward,

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from video_grpo.rewards import resolve_reward_funcs
+from video_grpo.rewards.functions import resolve_reward_funcs
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = json.loads((ROOT / "tests/fixtures/authors_rewards.json").read_text())
@@ -115,7 +115,7 @@ def test_training_evaluation_and_curation_read_a_timelens2_answer_alike(tmp_path
     """Within a TimeLens2 preset, the tiou reward, ``evaluate score --span_scoring set`` and ``curate --span_scoring
     set`` (whose mean tIoU becomes the draw weights) read and score every answer the same way."""
     from video_grpo import curate, evaluate
-    from video_grpo.rewards import recipe_reader
+    from video_grpo.rewards.functions import recipe_reader
 
     preset = PRESETS["timelens2"][0]
     recipe = yaml.safe_load(preset.read_text())

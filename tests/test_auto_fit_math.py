@@ -27,10 +27,10 @@ import torch
 from transformers import AutoProcessor, TrainerCallback
 from trl import GRPOConfig
 
-from video_grpo.data import build_dataset
+from video_grpo.data.dataset import build_dataset
+from video_grpo.data.video import SamplingConfig
 from video_grpo.plan.loss_split import TRL_LOSSES, LossSettings, micro_batch_refusal
 from video_grpo.trainer import VideoGRPOTrainer
-from video_grpo.video import SamplingConfig
 
 from .launch_rewards import length_reward  # differs within a group: nonzero advantages, real gradients
 

@@ -1,4 +1,4 @@
-"""The input-gradient hook leak (video_grpo.checkpointing): TRL switches checkpointing off and on around every
+"""The input-gradient hook leak (video_grpo.runtime.checkpointing): TRL switches checkpointing off and on around every
 generation and every no-grad log-prob pass, and transformers adds a hook each time it is switched on.
 
 Each case cycles checkpointing as TRL 1.16 does (``gradient_checkpointing_disable`` then
@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
-from video_grpo.checkpointing import input_grad_hooks, keep_one_input_grad_hook
+from video_grpo.runtime.checkpointing import input_grad_hooks, keep_one_input_grad_hook
 
 CYCLES = 12
 
@@ -29,7 +29,7 @@ def cycle(model, kwargs) -> None:
 
 def test_transformers_still_leaks_a_hook_per_switch(tiny_model_dir):
     """The upstream behaviour the workaround exists for. If this fails, transformers no longer adds a hook each
-    time checkpointing is switched on: remove video_grpo.checkpointing and its call in the trainer."""
+    time checkpointing is switched on: remove video_grpo.runtime.checkpointing and its call in the trainer."""
     model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for _ in range(3):

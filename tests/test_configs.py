@@ -114,7 +114,7 @@ def test_reward_kwargs_from_yaml_and_cli(tmp_path):
 )
 def test_video_budget_uses_the_family_token_size(tmp_path, family, overrides, message):
     from video_grpo.configs import check_video_budget
-    from video_grpo.families import FAMILIES
+    from video_grpo.inputs.families import FAMILIES
 
     path = tmp_path / "recipe.yaml"
     path.write_text(

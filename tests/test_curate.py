@@ -13,7 +13,7 @@ from PIL import Image
 
 from video_grpo.configs import validate_recipe
 from video_grpo.curate import PredictionsError, assign_status, main, read_samples
-from video_grpo.data import build_dataset
+from video_grpo.data.dataset import build_dataset
 from video_grpo.grpo import parse_args
 
 from .conftest import REPO, SAMPLES
@@ -296,7 +296,7 @@ def test_a_late_rank_splits_the_same_work(tiny_model_dir, tmp_path, monkeypatch)
     from types import SimpleNamespace
 
     from video_grpo.evaluate import generate_parts, load_split, merge_parts
-    from video_grpo.families import family_of_model
+    from video_grpo.inputs.families import family_of_model
 
     dataset, ids = load_split(
         "configs/grpo/demo_tiny.yaml", family_of_model(str(tiny_model_dir)), "train", None, 3

@@ -4,9 +4,9 @@ import os
 import pytest
 import torch
 
-from video_grpo.annotations import AnnotationError, load_annotations
-from video_grpo.data import VideoTransform, build_dataset
-from video_grpo.video import SamplingConfig
+from video_grpo.data.annotations import AnnotationError, load_annotations
+from video_grpo.data.dataset import VideoTransform, build_dataset
+from video_grpo.data.video import SamplingConfig
 
 SAMPLING = SamplingConfig(fps=1.0, max_frames=8, min_pixels=784, max_pixels=112 * 112, max_tokens=256)
 

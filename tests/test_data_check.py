@@ -11,8 +11,8 @@ import sys
 import pytest
 import yaml
 
-from video_grpo.data import check_main
-from video_grpo.data import main as data_main
+from video_grpo.data.check import check_main
+from video_grpo.data.check import main as data_main
 from video_grpo.grpo import parse_args
 from video_grpo.preprocess import main as preprocess_main
 

@@ -1,4 +1,4 @@
-"""``decode_compile`` (video_grpo.decode): one static cache, a compiled decode step, the same tokens.
+"""``decode_compile`` (video_grpo.rollout.decode): one static cache, a compiled decode step, the same tokens.
 
 Every comparison runs the compiled path and the eager path on the same rows in fp32: greedy tokens against plain
 ``generate`` and against today's one-prefill path, same-seed sampled tokens, and the sampled tokens' log-probs
@@ -16,10 +16,10 @@ import torch
 import yaml
 from transformers import AutoModelForImageTextToText, AutoProcessor, StaticCache
 
-from video_grpo import decode, prefill
-from video_grpo.decode import CompiledDecoder, DecodeSettings, decode_settings, parse_decode_compile
-from video_grpo.families import detect_family
-from video_grpo.processing import encode_rows, generation_inputs, vision_placeholder_ids
+from video_grpo.inputs.families import detect_family
+from video_grpo.inputs.processing import encode_rows, generation_inputs, vision_placeholder_ids
+from video_grpo.rollout import decode, prefill
+from video_grpo.rollout.decode import CompiledDecoder, DecodeSettings, decode_settings, parse_decode_compile
 
 from .test_shared_prefix import family_dataset
 from .test_trainer import make_trainer
@@ -172,7 +172,7 @@ def test_one_graph_or_several_is_decided_before_compiling(family_model):
     CUDA. sdpa and eager attention elsewhere: one graph."""
     from transformers import AutoConfig
 
-    from video_grpo.decode import step_shape
+    from video_grpo.rollout.decode import step_shape
 
     for family in ("qwen2_5_vl", "qwen3_vl", "qwen3_5"):
         config = AutoConfig.from_pretrained(family_model(family))
@@ -265,7 +265,7 @@ def test_a_failing_compile_falls_back_loudly(tiny_model_dir, train_file, monkeyp
 
     monkeypatch.setattr(decode, "_compile_graph", broken)
     decoder = CompiledDecoder(rows=2 * G, settings=DecodeSettings("eager"))
-    with caplog.at_level(logging.WARNING, logger="video_grpo.decode"):
+    with caplog.at_level(logging.WARNING, logger="video_grpo.rollout.decode"):
         output = prefill.generate(model, **inputs, **kwargs, decoder=decoder)
     assert torch.equal(output, prefill.generate(model, **inputs, **kwargs))
     assert not decoder.enabled and not decoder.last_call_compiled and decoder.stats.fallbacks == 1

@@ -1,4 +1,4 @@
-"""A compiled decode path never ends an ``auto`` run (video_grpo.decode, video_grpo.prefill.generate).
+"""A compiled decode path never ends an ``auto`` run (video_grpo.rollout.decode, video_grpo.rollout.prefill.generate).
 
 Each test injects one failure into the compiled path of the tiny Qwen2.5-VL, at the place a GPU run would meet it:
 a kernel that fails at a graph's first call (a Triton compile or autotune error, a CUDA graph capture error), a
@@ -15,8 +15,8 @@ import logging
 import pytest
 import torch
 
-from video_grpo import decode, prefill
-from video_grpo.decode import CompiledDecoder, DecodeSettings
+from video_grpo.rollout import decode, prefill
+from video_grpo.rollout.decode import CompiledDecoder, DecodeSettings
 
 from .test_decode_compile import G, calls, load, settings_kwargs
 from .test_shared_prefix import family_dataset
@@ -77,7 +77,7 @@ def test_a_failure_at_any_step_falls_back_under_auto(where, setup, monkeypatch, 
     failure = RuntimeError("triton: autotune of the fused kernel failed")
     runs = failing_step(monkeypatch, fail_at, failure)
     decoder = CompiledDecoder(rows=2 * G, settings=CHEAP)
-    with caplog.at_level(logging.WARNING, logger="video_grpo.decode"):
+    with caplog.at_level(logging.WARNING, logger="video_grpo.rollout.decode"):
         if where == "later_step":
             compiled, eager = decode_both(model, batches[0], kwargs, decoder)
             assert torch.equal(compiled, eager) and decoder.last_call_compiled
@@ -144,7 +144,7 @@ def test_a_recompile_storm_turns_compiling_off_naming_the_guard(setup, caplog):
     # one hook when the step is traced, as under checkpointing (with none then, dynamo did not guard the count)
     handles = [embeddings.register_forward_hook(lambda module, args, output: None)]
     try:
-        with caplog.at_level(logging.WARNING, logger="video_grpo.decode"):
+        with caplog.at_level(logging.WARNING, logger="video_grpo.rollout.decode"):
             for call in range(decode.MAX_UNEXPECTED_RECOMPILES + 3):
                 compiled, eager = decode_both(model, batches[0], kwargs, decoder)
                 assert torch.equal(compiled, eager), call

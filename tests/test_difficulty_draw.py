@@ -1,4 +1,4 @@
-"""TimeLens's difficulty draw (video_grpo.difficulty_draw) and `curate --rule gaussian`."""
+"""TimeLens's difficulty draw (video_grpo.data.difficulty_draw) and `curate --rule gaussian`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from video_grpo.curate import main
-from video_grpo.difficulty_draw import gaussian_draw, gaussian_weights
+from video_grpo.data.difficulty_draw import gaussian_draw, gaussian_weights
 
 from .conftest import SAMPLES
 from .test_curate import HAND, write

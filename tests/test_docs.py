@@ -139,7 +139,9 @@ COMMANDS = named(MODULE_COMMAND, group=1)
 
 
 def test_the_commands_are_found():
-    assert {"video_grpo.grpo", "video_grpo.bench", "video_grpo.toys.tiny", "video_grpo.data"} <= set(COMMANDS)
+    assert {"video_grpo.grpo", "video_grpo.bench", "video_grpo.toys.tiny", "video_grpo.data.dataset"} <= set(
+        COMMANDS
+    )
 
 
 def test_every_python_m_module_answers_help():
@@ -176,17 +178,39 @@ def test_every_python_m_module_answers_help():
     )
 
 
-def test_the_layout_lists_every_module():
+def layout_tree_paths(tree: str) -> set[str]:
+    """The paths the layout's tree names under ``src/video_grpo/``, from its indentation (two spaces a level):
+    ``data/`` then ``  video.py`` is ``data/video.py``."""
+    paths, stack = set(), []
+    for line in tree.splitlines():
+        match = re.match(r"^( +)(\w+\.py|\w+/)(?: |$)", line)
+        if not match:
+            continue
+        depth = len(match.group(1)) // 2 - 1
+        stack[depth:] = [match.group(2)]
+        paths.add("".join(stack))
+    return paths
+
+
+def test_the_layout_lists_every_module_where_it_is():
     internals = (REPO / "docs" / "internals.md").read_text()
     start = internals.index("## Package layout")
     tree = internals[
         internals.index("```", start) : internals.index("```\n\n", internals.index("```", start) + 3)
     ]
-    listed = set(re.findall(r"^ *(\w+\.py|\w+/) ", tree, re.M))
-    expected = {p.name for p in (SRC / "video_grpo").rglob("*.py") if p.name != "__init__.py"}
-    expected |= {f"{p.name}/" for p in (SRC / "video_grpo").iterdir() if (p / "__init__.py").is_file()}
+    listed = {path for path in layout_tree_paths(tree) if not path.startswith("..")}
+    root = SRC / "video_grpo"
+    expected = {str(p.relative_to(root)) for p in root.rglob("*.py") if p.name != "__init__.py"}
+    expected |= {f"{p.relative_to(root)}/" for p in root.rglob("*") if (p / "__init__.py").is_file()}
     assert not expected - listed, f"not in docs/internals.md's layout: {sorted(expected - listed)}"
-    assert not {name for name in listed - expected if name.endswith(".py")}, "listed, but no such module"
+    assert not {name for name in listed - expected if name.endswith(".py")}, (
+        f"listed, but no such module: {sorted(n for n in listed - expected if n.endswith('.py'))}"
+    )
+
+
+def test_the_layout_reader_follows_the_indentation():
+    tree = "src/video_grpo/   x\n  grpo.py   a\n  data/   b\n    video.py   c\n  trainer.py  d\n"
+    assert layout_tree_paths(tree) == {"grpo.py", "data/", "data/video.py", "trainer.py"}
 
 
 # A number the README states: a decimal (0.213, 46.0, 2.27) or a count with thousands separators (14,336), not part

@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from video_grpo.data import build_dataset
-from video_grpo.encoder import install
-from video_grpo.families import QWEN2_5_VL
-from video_grpo.processing import encode_rows, generation_inputs
+from video_grpo.data.dataset import build_dataset
+from video_grpo.inputs.encoder import install
+from video_grpo.inputs.families import QWEN2_5_VL
+from video_grpo.inputs.processing import encode_rows, generation_inputs
 
 from .test_trainer import SAMPLING, make_trainer
 

@@ -12,7 +12,7 @@ import time
 import pytest
 from PIL import Image
 
-from video_grpo.data import build_dataset
+from video_grpo.data.dataset import build_dataset
 from video_grpo.evaluate import parse_prediction, score_records
 
 from .conftest import REPO, SAMPLES

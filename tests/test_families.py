@@ -12,11 +12,11 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 from trl import GRPOTrainer
 
-from video_grpo.data import build_dataset
-from video_grpo.encoder import install
-from video_grpo.families import FAMILIES, detect_family
-from video_grpo.processing import encode_rows, generation_inputs
-from video_grpo.video import SamplingConfig
+from video_grpo.data.dataset import build_dataset
+from video_grpo.data.video import SamplingConfig
+from video_grpo.inputs.encoder import install
+from video_grpo.inputs.families import FAMILIES, detect_family
+from video_grpo.inputs.processing import encode_rows, generation_inputs
 
 from .test_encoder import logps_and_grads
 from .test_trainer import (
@@ -122,7 +122,7 @@ def vfr_clip(folder):
 def test_qwen3_time_text_is_the_frames_real_presentation_times(family_model, tmp_path):
     import decord
 
-    from video_grpo.data import VideoTransform
+    from video_grpo.data.dataset import VideoTransform
 
     clip = vfr_clip(tmp_path)
     row = VideoTransform(sampling_for("qwen3_vl", fps=2.0, max_frames=64, max_tokens=512))(

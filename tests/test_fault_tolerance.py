@@ -17,12 +17,12 @@ import pytest
 import torch
 import yaml
 
-from video_grpo.annotations import AnnotationError, load_annotations
-from video_grpo.checkpoints import is_complete, last_complete_checkpoint
-from video_grpo.data import build_dataset, set_replacement_weights
+from video_grpo.data.annotations import AnnotationError, load_annotations
+from video_grpo.data.dataset import build_dataset, set_replacement_weights
+from video_grpo.data.sample_weights import mean_reward_weights
 from video_grpo.evaluate import parse_prediction
-from video_grpo.rewards import REWARD_FUNCS
-from video_grpo.sample_weights import mean_reward_weights
+from video_grpo.rewards.functions import REWARD_FUNCS
+from video_grpo.runtime.checkpoints import is_complete, last_complete_checkpoint
 
 from .conftest import REPO, SAMPLES
 from .test_launch import ENV, launch, launch_command
@@ -86,7 +86,7 @@ def test_too_many_bad_samples_stop_the_run_with_a_clear_message(tiny_model_dir, 
     trainer = make_trainer(
         tiny_model_dir, dataset, tmp_path, max_steps=20, trainer_kwargs={"max_bad_sample_fraction": 0.1}
     )
-    with pytest.raises(RuntimeError, match=r"max_bad_sample_fraction=0.1.*video_grpo.data check"):
+    with pytest.raises(RuntimeError, match=r"max_bad_sample_fraction=0.1.*video_grpo.data.dataset check"):
         trainer.train()
 
 

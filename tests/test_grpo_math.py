@@ -7,9 +7,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from video_grpo.data import build_dataset
+from video_grpo.data.dataset import build_dataset
 from video_grpo.explain import explain
-from video_grpo.grpo_math import aggregate, clip_ratio, clipped_surrogate, group_advantages, grpo_loss, k3_kl
+from video_grpo.loss.grpo_math import (
+    aggregate,
+    clip_ratio,
+    clipped_surrogate,
+    group_advantages,
+    grpo_loss,
+    k3_kl,
+)
 
 from .test_trainer import SAMPLING, make_trainer
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from video_grpo.configs import ANSWER_DECIMALS
-from video_grpo.data import build_dataset
-from video_grpo.grpo_math import grpo_loss
-from video_grpo.guidance import guided_completion_ids, guided_mask
-from video_grpo.rewards import DEFAULT_ANSWER_TEMPLATE, iou_reward
+from video_grpo.data.dataset import build_dataset
+from video_grpo.loss.grpo_math import grpo_loss
+from video_grpo.loss.guidance import guided_completion_ids, guided_mask
+from video_grpo.rewards.functions import DEFAULT_ANSWER_TEMPLATE, iou_reward
 
 from .test_trainer import SAMPLING, make_trainer
 
@@ -97,7 +97,7 @@ def test_guided_answer_is_written_like_the_cold_start_target(tiny_model_dir):
     cold start's 1 place), so guidance pushes the policy toward an answer it could have sampled."""
     from transformers import AutoProcessor
 
-    from video_grpo.families import QWEN2_5_VL
+    from video_grpo.inputs.families import QWEN2_5_VL
     from video_grpo.sft import VideoSFTCollator
 
     processor = AutoProcessor.from_pretrained(tiny_model_dir)
@@ -116,7 +116,7 @@ def test_guided_answer_is_written_like_the_cold_start_target(tiny_model_dir):
 def test_guiding_only_groups_that_all_miss():
     """miss_below: a group with a sampled hit is plain GRPO over its sampled answers (the guided answer leaves the
     statistics, advantage 0); a group whose sampled answers all miss keeps its guided answer."""
-    from video_grpo.guidance import group_advantages
+    from video_grpo.loss.guidance import group_advantages
 
     iou = torch.tensor([0.1, 0.6, 0.0, 1.0, 0.2, 0.3, 0.0, 1.0])
     rewards = torch.stack([iou, torch.ones(8)], dim=1)
@@ -230,8 +230,8 @@ def test_a_one_span_guided_answer_over_multi_span_data_fails_before_the_model_lo
     import yaml
 
     from video_grpo import grpo
-    from video_grpo.answers import JSON_ANSWER_TEMPLATE
-    from video_grpo.guidance import check_guided_template
+    from video_grpo.loss.guidance import check_guided_template
+    from video_grpo.rewards.answers import JSON_ANSWER_TEMPLATE
 
     from .conftest import SAMPLES
 
@@ -257,7 +257,7 @@ def test_a_one_span_guided_answer_over_multi_span_data_fails_before_the_model_lo
     message = str(caught.value)
     assert message.startswith("gt_guidance: answer_template") and "writes one span ({start}/{end})" in message
     assert f"train_file {multi_span}" in message and "the first: train_000_1, 2 spans" in message
-    assert "{spans}" in message and "video_grpo.answers.JSON_ANSWER_TEMPLATE" in message
+    assert "{spans}" in message and "video_grpo.rewards.answers.JSON_ANSWER_TEMPLATE" in message
     dataset = build_dataset(multi_span, video_root=SAMPLES / "videos", sampling=SAMPLING)
     check_guided_template(JSON_ANSWER_TEMPLATE, dataset, {None: "unused"})  # every span written: no error
     one_span = build_dataset(SAMPLES / "train.jsonl", sampling=SAMPLING)

@@ -124,7 +124,7 @@ AUTO_FIT = ("--auto_fit", "true")
 BUDGETS = "1.3,1.15"
 
 
-# The ZeRO-2 run checks its plan (video_grpo.memory_check) on rank 0, in live tensor bytes: under DeepSpeed the
+# The ZeRO-2 run checks its plan (video_grpo.runtime.memory_check) on rank 0, in live tensor bytes: under DeepSpeed the
 # optimizer row is the engine's own step, inside the backward (accelerate's optimizer.step() does nothing there).
 PLAN_CHECK = ("--plan_check", "true")
 

@@ -8,7 +8,7 @@ Rules (docs/internals.md, "Package layout"):
 - ``video_grpo.toys`` imports product modules only, never ``video_grpo.bench``;
 - ``video_grpo.bench.emit`` imports no ``video_grpo`` module: it is the bottom every benchmark writes through;
 - a product module outside ``video_grpo.plan`` imports from the planner only :data:`PLAN_ENTRY_POINTS`
-  (``video_grpo.plan.startup``, the start-up summary and auto-fit; ``video_grpo.plan.live_memory``, the CPU plan
+  (``video_grpo.plan.startup``, the start-up summary and auto-fit; ``video_grpo.runtime.live_memory``, the CPU plan
   check's counter);
 - inside ``video_grpo.plan`` each module imports only the modules before it in :data:`PLAN_LAYERS`.
 """
@@ -16,6 +16,7 @@ Rules (docs/internals.md, "Package layout"):
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 from .conftest import REPO
@@ -25,15 +26,19 @@ NON_PRODUCT = ("video_grpo.bench", "video_grpo.toys")
 PLAN = "video_grpo.plan"
 PLAN_ENTRY_POINTS = {  # what the trainer needs of the planner
     "video_grpo.plan.startup",  # the start-up summary, auto_fit and the plan a run checks itself against
-    "video_grpo.plan.live_memory",  # the CPU plan check counts live tensor bytes (video_grpo.memory_check)
 }
+MAX_TOP_MODULES = 20
+# the stages of a training step, bottom first: each may import only those before it
+STAGES = ("runtime", "data", "inputs", "rollout", "rewards", "loss")
+TOOLS = ("plan", "bench", "toys")
+# commands that live in a stage package: they may read the recipe (video_grpo.configs) and any stage
+STAGE_COMMANDS = {"video_grpo.data.check", "video_grpo.data.__main__"}
 PLAN_LAYERS = (  # the order a plan is made in (docs/internals.md lists them so)
     "prompt_text",
     "workload",
     "model",
     "sizes",
     "fake_trace",
-    "live_memory",
     "layers",
     "deepspeed_buffers",  # DeepSpeed's own buffers (reduce bucket, the step's float32 gradients)
     "memory",
@@ -83,6 +88,7 @@ def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str
     return {module for module in found if module in modules and module != name}
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     modules = module_files()
     return {name: imported_modules(name, path, modules) for name, path in modules.items()}
@@ -183,3 +189,73 @@ def test_the_planner_modules_import_only_earlier_stages():
     }
     assert not {module: targets for module, targets in upward.items() if targets}
     assert not any(module.startswith("video_grpo.plan_") for module in graph)  # no flat planner modules left
+
+
+def top_modules() -> list[str]:
+    return sorted(p.stem for p in (SRC / "video_grpo").glob("*.py") if p.stem != "__init__")
+
+
+def test_the_top_holds_at_most_twenty_modules():
+    top = top_modules()
+    assert "grpo" in top and "trainer" in top  # the reader sees the top
+    assert len(top) <= MAX_TOP_MODULES, f"{len(top)} modules at the top of src/video_grpo/: {top}"
+
+
+def stage_of(module: str) -> str | None:
+    """The stage package a module is in, ``"top"`` for a top-level module, or the tool package's name."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    if parts[1] in STAGES or parts[1] in TOOLS:
+        return parts[1]
+    return "top"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Per stage module, the imports that go up: to the top, to a tool, or to a stage at or above its own."""
+    order = {stage: index for index, stage in enumerate(STAGES)}
+    found = {}
+    for module, targets in graph.items():
+        own = stage_of(module)
+        if own not in order or module in STAGE_COMMANDS:
+            continue
+        wrong = sorted(
+            t
+            for t in targets
+            if stage_of(t) != own and (stage_of(t) not in order or order[stage_of(t)] > order[own])
+        )
+        if wrong:
+            found[module] = wrong
+    return found
+
+
+def test_stage_packages_import_only_the_stages_below():
+    graph = import_graph()
+    assert {stage_of(m) for m in graph} >= set(STAGES)  # every stage is a package of the tree
+    assert not upward_imports(graph)
+
+
+def test_an_upward_import_is_found():
+    graph = {
+        "video_grpo.data.video": {"video_grpo.configs"},  # up to the top
+        "video_grpo.inputs.prefix": {
+            "video_grpo.rollout.decode",
+            "video_grpo.data.video",
+        },  # up a stage; down
+        "video_grpo.runtime.memory_meters": {"video_grpo.plan.layers"},  # to a tool
+        "video_grpo.data.check": {"video_grpo.configs"},  # the data check's command may
+    }
+    assert upward_imports(graph) == {
+        "video_grpo.data.video": ["video_grpo.configs"],
+        "video_grpo.inputs.prefix": ["video_grpo.rollout.decode"],
+        "video_grpo.runtime.memory_meters": ["video_grpo.plan.layers"],
+    }
+
+
+def test_a_plugin_named_by_its_flat_path_still_loads():
+    """Recipes written before the move name plug-ins by the flat 0.1 paths."""
+    from video_grpo.rewards import resolve_reward_funcs, tiou_reward
+    from video_grpo.rewards.span_sets import twass_score
+
+    old = resolve_reward_funcs(["video_grpo.span_sets:twass_score", "video_grpo.rewards:tiou_reward"])
+    assert [f.__wrapped__ if hasattr(f, "__wrapped__") else f for f in old] == [twass_score, tiou_reward]

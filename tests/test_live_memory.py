@@ -1,4 +1,4 @@
-"""What the GPU path keeps alive, observed on the CPU with a live-storage counter (``video_grpo.plan.live_memory``).
+"""What the GPU path keeps alive, observed on the CPU with a live-storage counter (``video_grpo.runtime.live_memory``).
 
 No GPU runs here, so each check counts the bytes of live tensors that a step creates: the packed mask is built
 where the model runs (not O(L²) on the host), a packed loss forward and a generation call hold each video's
@@ -16,12 +16,12 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoModelForImageTextToText
 
-from video_grpo import prefill
-from video_grpo.data import build_dataset
-from video_grpo.encoder import install
-from video_grpo.plan.live_memory import LiveBytes
-from video_grpo.positions import reference_rope_index
-from video_grpo.prefix import pack_rows
+from video_grpo.data.dataset import build_dataset
+from video_grpo.inputs.encoder import install
+from video_grpo.inputs.positions import reference_rope_index
+from video_grpo.inputs.prefix import pack_rows
+from video_grpo.rollout import prefill
+from video_grpo.runtime.live_memory import LiveBytes
 
 from .test_shared_prefix import micro_batch
 from .test_shared_prefix_generation import batch as generation_batch

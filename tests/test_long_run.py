@@ -3,8 +3,8 @@ gradient checkpointing on), on videos of three lengths, counting what may grow a
 
 The compiled case decodes through the compiled step (``aot_eager``: the graph inductor would compile, without code
 generation) and must stay compiled at every step, within its bound on graphs (one per call shape, see
-``video_grpo.decode.DecodeStats``) and with no recompile that no new call shape explains. Both cases keep one
-input-gradient hook per embedding module (``video_grpo.checkpointing``): before that fix, the compiled case died at
+``video_grpo.rollout.decode.DecodeStats``) and with no recompile that no new call shape explains. Both cases keep one
+input-gradient hook per embedding module (``video_grpo.runtime.checkpointing``): before that fix, the compiled case died at
 step 9 with torch's ``FailOnRecompileLimitHit``, and the hooks grew by 2 a step in both.
 """
 
@@ -15,8 +15,8 @@ import dataclasses
 import pytest
 from transformers import TrainerCallback
 
-from video_grpo.checkpointing import input_grad_hooks
-from video_grpo.data import build_dataset
+from video_grpo.data.dataset import build_dataset
+from video_grpo.runtime.checkpointing import input_grad_hooks
 
 from .test_trainer import SAMPLING, make_trainer
 

@@ -7,7 +7,8 @@ import functools
 
 import pytest
 
-from video_grpo.answers import (
+from video_grpo.evaluate import score_records
+from video_grpo.rewards.answers import (
     DEFAULT_ANSWER_TEMPLATE,
     JSON_ANSWER_TEMPLATE,
     parse_answer_spans,
@@ -17,8 +18,7 @@ from video_grpo.answers import (
     render_answer,
     render_solution,
 )
-from video_grpo.evaluate import score_records
-from video_grpo.rewards import REWARD_FUNCS, SET_REWARDS, format_reward
+from video_grpo.rewards.functions import REWARD_FUNCS, SET_REWARDS, format_reward
 
 
 def test_json_form_reads_beside_s_to_e():
@@ -145,7 +145,7 @@ def test_set_scoring_equals_best_window_for_single_spans():
 def test_tiou_reads_untagged_json_as_multi_span_iou_reads_a_tagged_answer():
     """TimeLens2's tiou: the set IoU of every span, from the whole completion when it has no answer block (where
     `iou` and `multi_span_iou` give 0)."""
-    from video_grpo.rewards import REWARD_FUNCS
+    from video_grpo.rewards.functions import REWARD_FUNCS
 
     solution = [[[10.0, 20.0], [30.0, 40.0]]]
     for spans in ("[[10.0, 20.0]]", "[[12, 18], [30, 45]]", "[[50, 60]]"):

@@ -101,7 +101,7 @@ def test_a_plan_is_a_function_of_its_inputs(fresh_plans, family_model, train_fil
     2.4 GB (docs/planning.md); the planner now refuses such a process, and conftest fails the test that leaks."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 
-    from video_grpo.data import build_dataset
+    from video_grpo.data.dataset import build_dataset
 
     from .test_families import sampling_for
     from .test_trainer import make_trainer
@@ -279,7 +279,7 @@ def test_a_recipe_that_does_not_fit_gets_changes_that_do():
 
 def test_the_worst_case_video_of_a_recipe():
     """The 7B recipe: 2 fps, 128 frames of at most 256 tokens per pair, 3,584 tokens at most: the budget binds."""
-    from video_grpo.families import QWEN2_5_VL, QWEN3_VL
+    from video_grpo.inputs.families import QWEN2_5_VL, QWEN3_VL
 
     assert worst_case_video(QWEN2_5_VL, 3584, 128, 12544, 200704) == (3584, 64, 56)
     assert worst_case_video(QWEN2_5_VL, 100_000, 8, 3136, 12544) == (64, 4, 16)  # frames x pixels bind
@@ -446,7 +446,7 @@ def test_counting_flops_keeps_no_recomputed_tensor_alive():
     from torch.utils.flop_counter import FlopCounterMode
 
     from video_grpo.bench.plan_measure import flop_counter
-    from video_grpo.plan.live_memory import LiveBytes
+    from video_grpo.runtime.live_memory import LiveBytes
 
     def step(counter) -> tuple[int, int]:
         torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The plan check (``video_grpo.memory_check``): a run measures its second step phase by phase beside its plan.
+"""The plan check (``video_grpo.runtime.memory_check``): a run measures its second step phase by phase beside its plan.
 
 The tiny recipe of each family runs two steps on the CPU with ``plan_check: true`` (live tensor bytes); the
 Qwen2.5-VL recipe's run is tests/test_auto_fit.py's (with auto-fit), and its ZeRO-2 run on two ranks is
@@ -25,8 +25,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from transformers import TrainerCallback
 
-from video_grpo.memory_check import GB, PHASES, PlanCheck, install_plan_check, wanted
-from video_grpo.memory_meters import CudaPeaks
+from video_grpo.runtime.memory_check import GB, PHASES, PlanCheck, install_plan_check, wanted
+from video_grpo.runtime.memory_meters import CudaPeaks
 
 NEXT_BATCH = 10**6  # bytes the census may find beside the check: the next batch's video (16x3x128x128 uint8)
 

@@ -13,11 +13,11 @@ import pytest
 from transformers import AutoConfig, AutoProcessor
 
 from video_grpo.configs import TIMELENS_PROMPT_TEXT_TIMESTAMPS, script_args_from_yaml
-from video_grpo.data import build_dataset, dataset_kwargs
-from video_grpo.families import QWEN2_5_VL, detect_family
+from video_grpo.data.dataset import build_dataset, dataset_kwargs
+from video_grpo.inputs.families import QWEN2_5_VL, detect_family
+from video_grpo.inputs.processing import encode_rows
 from video_grpo.plan.startup import decode_cache_tokens
 from video_grpo.plan.workload import accelerate_values, recipe_values, workload_from_recipe
-from video_grpo.processing import encode_rows
 
 from .conftest import REFERENCE
 
@@ -93,7 +93,7 @@ def test_a_folder_without_a_tokenizer_is_planned_with_qwens_counts_and_says_so(t
     back to Qwen's counts, and its source names the folder and why."""
     import shutil
 
-    from video_grpo.families import QWEN3_VL
+    from video_grpo.inputs.families import QWEN3_VL
     from video_grpo.plan.prompt_text import text_around
 
     shutil.copy(tiny_model_dir / "config.json", tmp_path / "config.json")

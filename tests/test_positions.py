@@ -16,10 +16,10 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from video_grpo.data import build_dataset
-from video_grpo.families import QWEN2_5_VL
-from video_grpo.processing import encode_rows, generation_inputs, video_kwargs
-from video_grpo.video import SamplingConfig
+from video_grpo.data.dataset import build_dataset
+from video_grpo.data.video import SamplingConfig
+from video_grpo.inputs.families import QWEN2_5_VL
+from video_grpo.inputs.processing import encode_rows, generation_inputs, video_kwargs
 
 SAMPLING = SamplingConfig(
     fps=1.0, min_frames=2, max_frames=64, min_pixels=784, max_pixels=56 * 56, max_tokens=512

@@ -1,4 +1,4 @@
-"""The readers of video_grpo.readers, rule by rule as their authors' code reads answers (the answer-by-answer check
+"""The readers of video_grpo.rewards.readers, rule by rule as their authors' code reads answers (the answer-by-answer check
 against their code is tests/test_authors_rewards.py), and the defects of issue 44 on the reward path."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from video_grpo import readers
 from video_grpo.configs import GRPOScriptArguments
-from video_grpo.rewards import REWARD_FUNCS, iou_dist_reward, recipe_reader, resolve_reward_funcs
+from video_grpo.rewards import readers
+from video_grpo.rewards.functions import REWARD_FUNCS, iou_dist_reward, recipe_reader, resolve_reward_funcs
 
 
 def test_timelens2_reads_json_from_the_answer_block_or_the_whole_text():

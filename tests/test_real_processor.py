@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from transformers import AutoProcessor
 
-from video_grpo.data import build_dataset
-from video_grpo.families import QWEN2_5_VL
-from video_grpo.processing import encode_rows
-from video_grpo.video import SamplingConfig, sampled_fps
+from video_grpo.data.dataset import build_dataset
+from video_grpo.data.video import SamplingConfig, sampled_fps
+from video_grpo.inputs.families import QWEN2_5_VL
+from video_grpo.inputs.processing import encode_rows
 
 from .conftest import REFERENCE
 

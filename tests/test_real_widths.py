@@ -53,11 +53,11 @@ from trl import GRPOConfig
 
 from video_grpo.bench.qwen_widths import published_config
 from video_grpo.configs import script_args_from_yaml
-from video_grpo.data import build_dataset
-from video_grpo.families import FAMILIES
-from video_grpo.rewards import completion_text, iou_reward
+from video_grpo.data.dataset import build_dataset
+from video_grpo.data.video import SamplingConfig
+from video_grpo.inputs.families import FAMILIES
+from video_grpo.rewards.functions import completion_text, iou_reward
 from video_grpo.trainer import VideoGRPOTrainer
-from video_grpo.video import SamplingConfig
 
 from .conftest import REFERENCE, REPO
 from .test_trainer import ForwardProbe, vision_snapshot

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from video_grpo.configs import validate_recipe
-from video_grpo.families import FAMILIES
 from video_grpo.grpo import build_trainer, parse_args
-from video_grpo.rewards import render_solution, resolve_reward_funcs
+from video_grpo.inputs.families import FAMILIES
+from video_grpo.rewards.functions import render_solution, resolve_reward_funcs
 from video_grpo.trainer import VideoGRPOTrainer
 
 from .conftest import REPO, SAMPLES
@@ -76,7 +76,7 @@ def test_shipped_recipe_builds_a_trainer(recipe, family_model, tmp_path, caplog)
     path.write_text(yaml.safe_dump(swapped))
     script_args, training_args, model_args = parse_args(["--config", str(path)])
     if shipped.get("sample_weight_file"):
-        from video_grpo.data import build_datasets
+        from video_grpo.data.dataset import build_datasets
 
         rows, _ = build_datasets(script_args, FAMILIES[family])
         ids = rows.with_format(None)["id"]

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from video_grpo.rewards import (
+from video_grpo.rewards.functions import (
     REWARD_FUNCS,
     format_reward,
     format_soft_reward,

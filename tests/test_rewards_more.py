@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from video_grpo.data import build_dataset
-from video_grpo.rewards import (
+from video_grpo.data.dataset import build_dataset
+from video_grpo.rewards.functions import (
     REWARD_FUNCS,
     iou_dist_reward,
     length_penalty_reward,
@@ -111,7 +111,7 @@ def test_plugin_reward_from_outside_the_package_trains_one_step(
     plugin_dir.mkdir()
     (plugin_dir / "my_grounding_rewards.py").write_text(
         textwrap.dedent("""
-        from video_grpo.rewards import completion_text
+        from video_grpo.rewards.functions import completion_text
 
         CALLS = []
 

@@ -1,4 +1,4 @@
-"""TimeLens2's draw weights (``video_grpo.sample_weights``): the rule, the sampler, off = TRL, errors, one step."""
+"""TimeLens2's draw weights (``video_grpo.data.sample_weights``): the rule, the sampler, off = TRL, errors, one step."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
 from video_grpo.configs import validate_recipe
-from video_grpo.explain import explain
-from video_grpo.grpo import build_trainer, parse_args
-from video_grpo.sample_weights import (
+from video_grpo.data.sample_weights import (
     SamplerEpoch,
     WeightedRepeatSampler,
     draw_weights,
     mean_reward_weights,
     relative_weights,
 )
+from video_grpo.explain import explain
+from video_grpo.grpo import build_trainer, parse_args
 from video_grpo.trainer import VideoGRPOTrainer
 
 from .conftest import SAMPLES
@@ -180,7 +180,7 @@ def test_fewer_than_two_answers_or_no_line_count_as_mean_zero(tmp_path, caplog):
         {"id": "c", "k": 0, "mean_iou": 0.0},
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    with caplog.at_level("WARNING", logger="video_grpo.sample_weights"):
+    with caplog.at_level("WARNING", logger="video_grpo.data.sample_weights"):
         p = draw_weights(["a", "b", "c", "d", "e"], path, "mean_iou", 2)
     assert p.tolist() == pytest.approx(mean_reward_weights([0.5, 0.0, 0.0, 0.0, 0.0], 2).tolist())
     warnings = [r.getMessage() for r in caplog.records if "no entry" in r.getMessage()]
@@ -247,7 +247,7 @@ def test_the_order_is_timelens2s_draw_to_the_bit():
     weights, normalised in float32, renormalised in float64, one multinomial of all rows from a seeded generator."""
     import numpy as np
 
-    from video_grpo.sample_weights import WeightedRepeatSampler, mean_reward_weights
+    from video_grpo.data.sample_weights import WeightedRepeatSampler, mean_reward_weights
 
     rng = np.random.default_rng(0)
     means = rng.uniform(0, 1, 50_000)

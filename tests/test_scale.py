@@ -113,7 +113,7 @@ def test_slurm_script_is_valid_bash_and_uses_the_multi_node_config():
 
 
 def test_frozen_vision_tower_in_process(tiny_model_dir, train_file, tmp_path):
-    from video_grpo.data import build_dataset
+    from video_grpo.data.dataset import build_dataset
 
     from .test_trainer import SAMPLING, make_trainer, vision_snapshot
 

@@ -13,8 +13,14 @@ from trl.trainer.utils import nanstd
 
 from video_grpo.explain import explain
 from video_grpo.grpo import parse_args
-from video_grpo.grpo_math import group_advantages, shaped_advantages, tempsamp_shape
-from video_grpo.rewards import DEFAULT_ANSWER_TEMPLATE, format_reward, iou_reward, parse_span, render_answer
+from video_grpo.loss.grpo_math import group_advantages, shaped_advantages, tempsamp_shape
+from video_grpo.rewards.functions import (
+    DEFAULT_ANSWER_TEMPLATE,
+    format_reward,
+    iou_reward,
+    parse_span,
+    render_answer,
+)
 
 from .conftest import REPO
 

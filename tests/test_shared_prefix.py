@@ -1,4 +1,4 @@
-"""Shared-prefix forwards (video_grpo.prefix): each prompt once per micro-batch, exactly the plain path's numbers.
+"""Shared-prefix forwards (video_grpo.inputs.prefix): each prompt once per micro-batch, exactly the plain path's numbers.
 
 Every comparison runs the real trainer twice on the same rows, ``shared_prefix`` off and on, in fp32: the
 old-policy and reference log-probs from ``_generate_and_score_completions``, then the loss forward and its
@@ -14,9 +14,9 @@ import pytest
 import torch
 from peft import LoraConfig
 
-from video_grpo.data import build_dataset
-from video_grpo.prefix import pack_rows, segment_mask
-from video_grpo.processing import video_row_keys
+from video_grpo.data.dataset import build_dataset
+from video_grpo.inputs.prefix import pack_rows, segment_mask
+from video_grpo.inputs.processing import video_row_keys
 
 from .test_trainer import SAMPLING, make_trainer
 
@@ -275,7 +275,7 @@ def test_no_answer_sees_another(family, family_model, train_file, tmp_path):
 
 
 def test_packing_without_the_state_fork_would_leak(family_model, train_file, tmp_path):
-    """Why Qwen3.5 needs video_grpo.state_fork: packed without it, a Gated DeltaNet state carries row 0's answer
+    """Why Qwen3.5 needs video_grpo.inputs.state_fork: packed without it, a Gated DeltaNet state carries row 0's answer
     into the others."""
     data = family_dataset(train_file, "qwen3_5")
     trainer = make_trainer(
@@ -297,7 +297,7 @@ def test_packing_without_the_state_fork_would_leak(family_model, train_file, tmp
 def test_unforkable_state_layers_are_refused(family_model, train_file, tmp_path, monkeypatch):
     """A stateful layer type the family does not fork is still refused (by default off with a warning; forced on,
     an error naming the setting)."""
-    from video_grpo import families
+    from video_grpo.inputs import families
 
     monkeypatch.setattr(families, "QWEN3_5", dataclasses.replace(families.QWEN3_5, forkable_state=()))
     monkeypatch.setitem(families.FAMILIES, "qwen3_5", families.QWEN3_5)

@@ -1,4 +1,4 @@
-"""One prefill per prompt (video_grpo.prefill): the same answers as plain ``generate``, one prefill per prompt."""
+"""One prefill per prompt (video_grpo.rollout.prefill): the same answers as plain ``generate``, one prefill per prompt."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from video_grpo import prefill
-from video_grpo.families import detect_family
-from video_grpo.processing import encode_rows, generation_inputs, vision_placeholder_ids
+from video_grpo.inputs.families import detect_family
+from video_grpo.inputs.processing import encode_rows, generation_inputs, vision_placeholder_ids
+from video_grpo.rollout import prefill
 
 from .test_shared_prefix import family_dataset
 

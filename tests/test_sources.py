@@ -1,4 +1,4 @@
-"""Several annotation sources in one run (``train_sources``, video_grpo.sources): two fixtures of different formats
+"""Several annotation sources in one run (``train_sources``, video_grpo.data.sources): two fixtures of different formats
 and prompts (TimeLens2-93K and TimeLens-100K, as TimeLens2 trains on) read together, their ids, solutions and
 prompts; parse-time errors naming the source and the key; data check per source; evaluation's and curate's reading;
 the planner's longest template; gt_guidance refused per source."""
@@ -10,13 +10,14 @@ import json
 import pytest
 import yaml
 
-from video_grpo.annotations import AnnotationError
 from video_grpo.configs import DEFAULT_PROMPT, script_args_from_yaml, validate_recipe
-from video_grpo.data import build_train_dataset, check_main
-from video_grpo.families import FAMILIES
+from video_grpo.data.annotations import AnnotationError
+from video_grpo.data.check import check_main
+from video_grpo.data.dataset import build_train_dataset
+from video_grpo.data.sample_weights import draw_weights
+from video_grpo.data.sources import parse_train_sources, prompt_templates, recipe_sources
 from video_grpo.grpo import parse_args
-from video_grpo.sample_weights import draw_weights
-from video_grpo.sources import parse_train_sources, prompt_templates, recipe_sources
+from video_grpo.inputs.families import FAMILIES
 
 from .conftest import SAMPLES
 from .test_trainer import SAMPLING
@@ -270,8 +271,8 @@ def test_the_planner_sizes_the_prompt_by_the_longest_template(tmp_path):
 
 
 def test_gt_guidance_names_the_source_with_multi_span_queries(tmp_path):
-    from video_grpo.guidance import check_guided_template
-    from video_grpo.rewards import DEFAULT_ANSWER_TEMPLATE
+    from video_grpo.loss.guidance import check_guided_template
+    from video_grpo.rewards.functions import DEFAULT_ANSWER_TEMPLATE
 
     script_args = script_args_from_yaml(recipe(tmp_path))
     dataset = build_train_dataset(script_args, QWEN)

@@ -1,4 +1,4 @@
-"""video_grpo.state_fork on one Gated DeltaNet layer: a packed row's segments get what the layer gives
+"""video_grpo.inputs.state_fork on one Gated DeltaNet layer: a packed row's segments get what the layer gives
 ``stem + segment`` run alone, and the gradient reaching the shared stem is the sum over its segments. (Within
 1e-6: transformers' kernel computes in float32 whatever the inputs' dtype, and the chunk boundaries differ.)"""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from video_grpo import state_fork
+from video_grpo.inputs import state_fork
 
 
 def layer():

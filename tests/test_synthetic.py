@@ -7,8 +7,8 @@ import random
 
 import pytest
 
+from video_grpo.data.video import SamplingConfig, read_video
 from video_grpo.toys.synthetic import FlashTask, disjoint_span, make_flash_split, temporal_iou
-from video_grpo.video import SamplingConfig, read_video
 
 TASK = FlashTask(size=28, clock=True)
 SAMPLING = SamplingConfig(

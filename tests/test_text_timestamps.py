@@ -1,4 +1,4 @@
-"""Textual frame timestamps on Qwen2.5-VL (TimeLens-7B; ``frame_timestamps_in_text``, video_grpo.families): the
+"""Textual frame timestamps on Qwen2.5-VL (TimeLens-7B; ``frame_timestamps_in_text``, video_grpo.inputs.families): the
 prompt carries each temporal patch's time before its own vision block; positions and logits equal those of the
 same prompt given one one-patch grid per block (the form a processor that splits the video would hand the model);
 training runs with it and the loss sees generation's prompt and positions."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from video_grpo.data import build_dataset
-from video_grpo.families import FAMILIES, QWEN2_5_VL
-from video_grpo.processing import encode_rows, generation_inputs
+from video_grpo.data.dataset import build_dataset
+from video_grpo.inputs.families import FAMILIES, QWEN2_5_VL
+from video_grpo.inputs.processing import encode_rows, generation_inputs
 
 from .test_families import sampling_for
 from .test_trainer import ForwardProbe, assert_loss_positions_equal_generation, make_trainer

@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from video_grpo.annotations import AnnotationError, detect_format, load_annotations
-from video_grpo.data import check_main
+from video_grpo.data.annotations import AnnotationError, detect_format, load_annotations
+from video_grpo.data.check import check_main
 
 from .conftest import REPO, SAMPLES
 
@@ -65,9 +65,9 @@ def test_the_fixture_becomes_a_dataset_the_presets_prompt():
     """One span and several in one file: the dataset's solution column holds one type (Arrow refuses [s, e] beside
     [[s, e], ...]), and a row decodes with the TimeLens2 preset's sampling and prompt."""
     from video_grpo.configs import script_args_from_yaml
-    from video_grpo.data import build_dataset
-    from video_grpo.families import FAMILIES
-    from video_grpo.video import SamplingConfig
+    from video_grpo.data.dataset import build_dataset
+    from video_grpo.data.video import SamplingConfig
+    from video_grpo.inputs.families import FAMILIES
 
     recipe = script_args_from_yaml(str(REPO / "configs" / "grpo" / "timelens2_qwen3_vl_8b.yaml"))
     source = recipe.train_sources["timelens2-93k"]

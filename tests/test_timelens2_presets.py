@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from video_grpo.configs import check_video_budget, script_args_from_yaml
-from video_grpo.families import FAMILIES
-from video_grpo.video import SamplingConfig
+from video_grpo.data.video import SamplingConfig
+from video_grpo.inputs.families import FAMILIES
 
 from .conftest import REPO, SAMPLES
 
@@ -124,6 +124,6 @@ def test_the_evaluate_preset_samples_as_timelens_charades_4fps():
     check_video_budget(args, FAMILIES["qwen3_vl"])
     assert args.eval_file.endswith("charades-timelens.json")
     # its data reads as TimeLens-Bench (the fixture stands in for the published file)
-    from video_grpo.annotations import detect_format
+    from video_grpo.data.annotations import detect_format
 
     assert detect_format(SAMPLES / "timelens" / "charades-timelens.json") == "timelens_bench"

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from video_grpo.annotations import AnnotationError, detect_format, load_annotations
+from video_grpo.data.annotations import AnnotationError, detect_format, load_annotations
 from video_grpo.evaluate import prediction_record, score_records
 
 from .conftest import SAMPLES

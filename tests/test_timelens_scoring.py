@@ -108,7 +108,7 @@ def test_the_timeline_draws_every_span_of_a_set_record(tmp_path, monkeypatch):
 
 
 def test_bench_queries_are_cleaned_as_theirs(tmp_path):
-    from video_grpo.annotations import load_annotations
+    from video_grpo.data.annotations import load_annotations
 
     raw = [q for q, _ in FIXTURE["queries"]]
     bench = {"VID01": {"duration": 30.0, "spans": [[1.0, 2.0]] * len(raw), "queries": raw}}
@@ -248,7 +248,7 @@ def test_top_k_1_sampling_is_greedy(tiny_model_dir, train_file):
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from video_grpo.data import build_dataset
+    from video_grpo.data.dataset import build_dataset
     from video_grpo.evaluate import generate_answers
 
     from .test_trainer import SAMPLING

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from video_grpo.families import FAMILIES
+from video_grpo.inputs.families import FAMILIES
 from video_grpo.toys.tiny import BUILDERS, build_config, build_processor, build_tiny_model, main
 
 VIDEO = "data_samples/videos/train_000.mp4"

@@ -13,10 +13,10 @@ import torch
 from transformers import AutoProcessor
 from trl import GRPOConfig, GRPOTrainer
 
-from video_grpo.data import VideoTransform, build_dataset
-from video_grpo.rewards import iou_reward
+from video_grpo.data.dataset import VideoTransform, build_dataset
+from video_grpo.data.video import SamplingConfig, sampled_fps
+from video_grpo.rewards.functions import iou_reward
 from video_grpo.trainer import VideoGRPOTrainer
-from video_grpo.video import SamplingConfig, sampled_fps
 
 from .launch_rewards import length_reward  # differs within a group: nonzero advantages, real gradients
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from video_grpo.rewards import REWARD_FUNCS, resolve_reward_funcs, twass_score
-from video_grpo.span_sets import merge_spans, wasserstein1
+from video_grpo.rewards.functions import REWARD_FUNCS, resolve_reward_funcs, twass_score
+from video_grpo.rewards.span_sets import merge_spans, wasserstein1
 
 
 def _grid(spans_sets, per_second: int):

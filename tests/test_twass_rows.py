@@ -14,7 +14,7 @@ import pytest
 
 from video_grpo.bench import twass_evidence, twass_rows
 from video_grpo.bench.learning_runs import recording_rollouts
-from video_grpo.rewards import REWARD_FUNCS, iou_reward
+from video_grpo.rewards.functions import REWARD_FUNCS, iou_reward
 
 
 def _answer(start: float, end: float) -> str:

@@ -4,7 +4,7 @@ import subprocess
 import pytest
 import torch
 
-from video_grpo.video import (
+from video_grpo.data.video import (
     SamplingConfig,
     VideoReadError,
     frames_at,

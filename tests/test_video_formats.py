@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from video_grpo.video import SamplingConfig, frame_spacing, read_video, sampled_fps
+from video_grpo.data.video import SamplingConfig, frame_spacing, read_video, sampled_fps
 
 CODECS = {
     "h264.mp4": ["-c:v", "libx264", "-pix_fmt", "yuv420p"],

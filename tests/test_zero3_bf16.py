@@ -10,7 +10,7 @@ the bf16 CPU twin of ``configs/accelerate/zero3.yaml``. Each rank reports what i
 - an evaluation with uneven shards (3 queries, 2 ranks, batch size 1) finishes;
 - generation decodes through the compiled step (``decode_compile``, traced with the cheap ``eager`` backend) under
   ZeRO-3 on every rank, and the gathered weights do not keep their addresses from one generation call to the next
-  (why the step is compiled without CUDA graphs under ZeRO-3: ``video_grpo.decode.decode_settings``);
+  (why the step is compiled without CUDA graphs under ZeRO-3: ``video_grpo.rollout.decode.decode_settings``);
 - the saved model's vision tower is unchanged and its language model trained.
 
 A second launch runs LoRA with gradient checkpointing and beta > 0 under ZeRO-3: an evaluation between steps, the

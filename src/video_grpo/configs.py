@@ -12,20 +12,9 @@ import json
 import math
 from dataclasses import dataclass, field, fields
 
-from video_grpo.rewards import DEFAULT_ANSWER_TEMPLATE
-
-# Decimal places of {start}/{end} in every answer written from an annotation: the cold-start SFT target
-# (video_grpo.sft) and the gt_guidance answer (video_grpo.guidance). One value, so that the guided answer is
-# written the way the cold start taught the policy to write.
-ANSWER_DECIMALS = 1
-
-DEFAULT_PROMPT = (
-    'To accurately pinpoint the event "{sentence}" in the video, determine the precise time period of the '
-    "event.\n\nOutput your thought process within the <think> </think> tags, including analysis with either "
-    "specific time ranges (xx.xx to xx.xx) in <think> </think> tags.\n\nThen, provide the start and end times "
-    '(in seconds, precise to two decimal places) in the format "start time to end time" within the '
-    '<answer> </answer> tags. For example: "12.54 to 17.83".'
-)
+from video_grpo.data.prompts import DEFAULT_PROMPT  # noqa: F401  (re-exported: video_grpo.configs.DEFAULT_PROMPT)
+from video_grpo.rewards.answers import ANSWER_DECIMALS  # noqa: F401  (re-exported)
+from video_grpo.rewards.functions import DEFAULT_ANSWER_TEMPLATE
 
 # TimeLens's answer-only prompts (TencentARC/TimeLens training/data/grounding.py GROUNDING_PROMPT and
 # GROUNDING_PROMPT_TEXT_TIMESTAMP, the same text as evaluation/utils.py), with their '{}' as our '{sentence}'.
@@ -57,7 +46,7 @@ class GRPOScriptArguments:
             "help": "Several training annotation sources in one run, instead of train_file: a mapping of source "
             "name to {train_file, dataset_format, video_root, durations_file, prompt_template, normalize_query} "
             "(a key left out takes the recipe's field of that name; null means none). Rows come in source order, "
-            "ids '<source>/<id>', each prompt from its source's template (video_grpo.sources). A JSON string on "
+            "ids '<source>/<id>', each prompt from its source's template (video_grpo.data.sources). A JSON string on "
             "the command line."
         },
     )
@@ -123,7 +112,7 @@ class GRPOScriptArguments:
         default=False,
         metadata={
             "help": "Qwen2.5-VL only: write each temporal patch's time before it in the prompt, "
-            "'<t seconds>' + its own vision block, as TimeLens-7B does (video_grpo.families). Qwen3-VL and "
+            "'<t seconds>' + its own vision block, as TimeLens-7B does (video_grpo.inputs.families). Qwen3-VL and "
             "Qwen3.5 always do this; there it is an error."
         },
     )
@@ -144,7 +133,7 @@ class GRPOScriptArguments:
     decode_compile: str = field(
         default="auto",
         metadata={
-            "help": "Decode every generation from one static cache with a compiled step (video_grpo.decode; "
+            "help": "Decode every generation from one static cache with a compiled step (video_grpo.rollout.decode; "
             "docs/training.md 'Compiled decoding'): auto (the default) on CUDA, off elsewhere; true also on CPU; "
             "false: eager decoding. The same tokens in fp32; logged as decode/compiled and decode/recompiles."
         },
@@ -176,7 +165,7 @@ class GRPOScriptArguments:
         metadata={
             "help": "How preprocess stores frames and which entries training reads: 'jpeg' (about 1/12 the "
             "size of raw, ~40 dB PSNR against the decoded frames; reads raw entries too) or 'raw' (exact "
-            "uint8 frames, about 45x the mp4). See video_grpo.frame_cache."
+            "uint8 frames, about 45x the mp4). See video_grpo.data.frame_cache."
         },
     )
     eval_grounding_samples: int | None = field(
@@ -192,7 +181,7 @@ class GRPOScriptArguments:
             "help": "How an answer's IoU is computed for R1@m and mIoU, in training's evaluation and in `evaluate "
             "run --config` (its --span_scoring wins): best_window (the last span of the answer, best IoU over the "
             "true windows), set (TimeLens2's multi-span IoU) or timelens (TimeLens's and TimeLens2's VLMEvalKit "
-            "scoring: the first pair of TimeLens's extract_time, plain IoU, unswapped). See video_grpo.span_scoring."
+            "scoring: the first pair of TimeLens's extract_time, plain IoU, unswapped). See video_grpo.rewards.span_scoring."
         },
     )
     eval_generation_kwargs: dict | str | None = field(
@@ -227,7 +216,7 @@ class GRPOScriptArguments:
         default=None,
         metadata={
             "help": "After the first optimizer step, measure each phase's peak over the next step beside the "
-            "plan and write output_dir/plan_check.json (video_grpo.memory_check). None: on with CUDA "
+            "plan and write output_dir/plan_check.json (video_grpo.runtime.memory_check). None: on with CUDA "
             "(torch.cuda.max_memory_allocated, free), off on the CPU (live tensor bytes, which slow the step)."
         },
     )
@@ -257,7 +246,7 @@ class GRPOScriptArguments:
     reward_funcs: list[str] = field(
         default_factory=lambda: ["iou", "format"],
         metadata={
-            "help": "Reward names from video_grpo.rewards.REWARD_FUNCS, or dotted paths "
+            "help": "Reward names from video_grpo.rewards.functions.REWARD_FUNCS, or dotted paths "
             "'package.module:function'. Weights come from GRPOConfig.reward_weights."
         },
     )
@@ -297,7 +286,7 @@ class GRPOScriptArguments:
         metadata={
             "help": "How rewards become advantages: 'none' (TRL's group normalisation) or 'tempsamp' "
             "(TempSamp-R1's non-linear reward shaping, Eq. 4, before the same normalisation; see "
-            "video_grpo.grpo_math.shaped_advantages)."
+            "video_grpo.loss.grpo_math.shaped_advantages)."
         },
     )
     answer_template: str = field(
@@ -305,7 +294,7 @@ class GRPOScriptArguments:
         metadata={
             "help": "An answer written from the annotated span: the cold-start SFT target (video_grpo.sft) and, "
             "with gt_guidance, the guided answer. {start} and {end} are seconds, written with "
-            "video_grpo.configs.ANSWER_DECIMALS (1) places in both, so the guided answer has the precision "
+            "video_grpo.rewards.answers.ANSWER_DECIMALS (1) places in both, so the guided answer has the precision "
             "the cold start teaches the policy; {spans} is every annotated span as [[S, E], ...] (TimeLens2's "
             "JSON form; needed for multi-span solutions); {sentence} is the query."
         },
@@ -314,7 +303,7 @@ class GRPOScriptArguments:
     sample_weight_mean_power: float = field(
         default=0.0,
         metadata={
-            "help": "TimeLens2's draw weights (video_grpo.sample_weights). 0 (default): TRL's shuffled pass over "
+            "help": "TimeLens2's draw weights (video_grpo.data.sample_weights). 0 (default): TRL's shuffled pass over "
             "the queries. > 0: each epoch orders the queries by weight, without replacement (TimeLens2's draw): the "
             "next prompt is drawn from those left with probability proportional to (1 - mean reward + 1e-8)^power, "
             "the mean reward being the starting model's, per query, from sample_weight_file, so hard queries come "
@@ -346,7 +335,7 @@ class GRPOScriptArguments:
         def fail(name: str, why: str) -> None:
             raise ValueError(f"GRPOScriptArguments.{name}: {why}")
 
-        from video_grpo.annotations import FORMATS
+        from video_grpo.data.annotations import FORMATS
 
         if self.dataset_format is not None and self.dataset_format not in FORMATS:
             fail(
@@ -373,7 +362,7 @@ class GRPOScriptArguments:
             fail("auto_fit_memory_gb", f"must be > 0 (GB), got {self.auto_fit_memory_gb}.")
         if not 0 <= self.max_bad_sample_fraction <= 1:
             fail("max_bad_sample_fraction", f"must be in [0, 1], got {self.max_bad_sample_fraction}.")
-        from video_grpo.decode import BACKENDS, parse_cuda_graphs, parse_decode_compile
+        from video_grpo.rollout.decode import BACKENDS, parse_cuda_graphs, parse_decode_compile
 
         try:
             self.decode_compile = parse_decode_compile(self.decode_compile)
@@ -388,7 +377,7 @@ class GRPOScriptArguments:
                 "decode_compile_backend",
                 f"unknown backend {self.decode_compile_backend!r}; choose one of {list(BACKENDS)}.",
             )
-        from video_grpo.frame_cache import CACHE_FORMATS
+        from video_grpo.data.frame_cache import CACHE_FORMATS
 
         if self.frame_cache_format not in CACHE_FORMATS:
             fail(
@@ -398,7 +387,7 @@ class GRPOScriptArguments:
             )
         if "{sentence}" not in self.prompt_template:
             fail("prompt_template", "must contain '{sentence}' where the query goes.")
-        from video_grpo.sources import parse_train_sources
+        from video_grpo.data.sources import parse_train_sources
 
         try:
             self.train_sources = parse_train_sources(self.train_sources)
@@ -428,7 +417,7 @@ class GRPOScriptArguments:
                 "must map reward names to parameter mappings, e.g. {length_penalty: {max_think_words: 128}}.",
             )
         if self.import_reward_plugins:
-            from video_grpo.rewards import recipe_reader, resolve_reward_funcs
+            from video_grpo.rewards.functions import recipe_reader, resolve_reward_funcs
 
             try:
                 resolve_reward_funcs(self.reward_funcs, self.reward_kwargs)
@@ -441,19 +430,19 @@ class GRPOScriptArguments:
                 f"{self.reward_funcs} pairs iou_answer_only (an answer-only sentence, no tags) with a format "
                 "reward that needs <think>/<answer> tags; TimeLens uses [iou_answer_only] alone.",
             )
-        from video_grpo.span_scoring import SPAN_SCORINGS
+        from video_grpo.rewards.span_scoring import SPAN_SCORINGS
 
         if self.span_scoring not in SPAN_SCORINGS:
             fail(
                 "span_scoring",
                 f"unknown scoring {self.span_scoring!r}; choose one of {list(SPAN_SCORINGS)} (timelens: "
-                "TimeLens's and TimeLens2's published evaluation; see video_grpo.span_scoring).",
+                "TimeLens's and TimeLens2's published evaluation; see video_grpo.rewards.span_scoring).",
             )
         try:
             self.eval_generation_kwargs = check_generation_kwargs(self.eval_generation_kwargs)
         except ValueError as err:
             fail("eval_generation_kwargs", str(err))
-        from video_grpo.grpo_math import SHAPING_METHODS
+        from video_grpo.loss.grpo_math import SHAPING_METHODS
 
         if self.advantage_shaping not in SHAPING_METHODS:
             fail(
@@ -577,7 +566,7 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
         fail("video_root", f"{script_args.video_root!r} is not a directory.")
     check_sources(script_args)
     if script_args.eval_file:
-        from video_grpo.sources import eval_source
+        from video_grpo.data.sources import eval_source
 
         check_source_format(eval_source(script_args), "eval_file")
     if script_args.sample_weight_mean_power > 0 and not training_args.shuffle_dataset:
@@ -605,7 +594,7 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
             "trust_remote_code is on: the model repository may run its own code."
         )
     # Last, as it reads the model's config.json (not its weights): the family sets what a frame costs.
-    from video_grpo.families import family_of_model
+    from video_grpo.inputs.families import family_of_model
 
     family = family_of_model(
         model_args.model_name_or_path, model_args.model_revision, training_args.trust_remote_code
@@ -619,7 +608,7 @@ def validate_recipe(script_args: GRPOScriptArguments, training_args, model_args)
 def check_sources(script_args: GRPOScriptArguments) -> None:
     """Each training source's files, directory and format (``train_sources`` or the one ``train_file``), before
     the model loads; an error names the source's field and the fix."""
-    from video_grpo.sources import missing_source_paths, recipe_sources
+    from video_grpo.data.sources import missing_source_paths, recipe_sources
 
     sources = recipe_sources(script_args)
     if script_args.train_sources:
@@ -632,7 +621,7 @@ def check_sources(script_args: GRPOScriptArguments) -> None:
 
 def check_source_format(source, name: str) -> None:
     """The annotation format of ``source`` is known or detectable, and a Charades-STA .txt has its durations."""
-    from video_grpo.annotations import AnnotationError, detect_format
+    from video_grpo.data.annotations import AnnotationError, detect_format
 
     fmt_field, durations_field = source.field("dataset_format"), source.field("durations_file")
     if name == "eval_file":
@@ -651,12 +640,12 @@ def check_source_format(source, name: str) -> None:
 
 def check_decode_launch(script_args: GRPOScriptArguments, training_args) -> None:
     """``decode_compile: true`` where the launch cannot compile the step (ZeRO-3 without
-    ``ds3_gather_for_generation``: ``video_grpo.decode.decode_settings`` decides) fails here, before the model
+    ``ds3_gather_for_generation``: ``video_grpo.rollout.decode.decode_settings`` decides) fails here, before the model
     loads; the launch's ZeRO stage is in the environment ``accelerate launch`` gives its processes."""
     if script_args.decode_compile != "true":
         return
-    from video_grpo.decode import decode_settings
-    from video_grpo.launch_env import launch_from_environment
+    from video_grpo.rollout.decode import decode_settings
+    from video_grpo.runtime.launch_env import launch_from_environment
 
     zero_stage = launch_from_environment()["zero_stage"]
     settings, why = decode_settings(
@@ -676,7 +665,7 @@ def check_shared_prefix(model_args, trust_remote_code: bool = False) -> None:
     """``shared_prefix: true`` where it cannot be exact fails here, before the weights load."""
     from transformers import AutoConfig
 
-    from video_grpo.prefix import unsupported_reason
+    from video_grpo.inputs.prefix import unsupported_reason
 
     config = AutoConfig.from_pretrained(
         model_args.model_name_or_path, revision=model_args.model_revision, trust_remote_code=trust_remote_code

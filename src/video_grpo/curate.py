@@ -19,7 +19,7 @@ its mean and population std over the k answers. A query is kept when
 than N in the band, the N whose mean is closest to ``--target_iou`` (default 0.5) are kept, ties broken by id;
 the rest are "capped". The curated file keeps the queries in their original order.
 
-``--rule gaussian`` is TimeLens's rule instead of the band (:mod:`video_grpo.difficulty_draw`): ``--target_size``
+``--rule gaussian`` is TimeLens's rule instead of the band (:mod:`video_grpo.data.difficulty_draw`): ``--target_size``
 queries (TimeLens: 2500) are drawn without replacement, seeded by ``--seed``, with weight Gaussian(mean IoU;
 ``--gaussian_mean`` 0.05, ``--gaussian_std`` 0.2) x the inverse density of 20 IoU bins. Drawn queries are
 "kept", the others "not_drawn"; the outputs are the same.
@@ -41,7 +41,7 @@ sampled (the loader's own default for it), else the deepest folder holding every
 recipe with ``--train_file D/curated.jsonl`` therefore works whenever the recipe sets ``video_root``. A video
 outside the root is an error; a relative ``video`` in a predictions file is kept as it is.
 
-A recipe with ``train_sources`` (:mod:`video_grpo.sources`) is sampled over every source, each query with its
+A recipe with ``train_sources`` (:mod:`video_grpo.data.sources`) is sampled over every source, each query with its
 source's prompt, and ids are ``<source>/<id>`` as training reads them, so ``per_query.jsonl`` serves as that recipe's
 ``sample_weight_file`` as it is. ``curated.jsonl`` is then one file in our format: training on it uses one
 prompt template for all its queries (the sources' own templates are not carried over).
@@ -56,10 +56,10 @@ import os
 import sys
 from pathlib import Path
 
-from video_grpo.annotations import iter_jsonl_objects, write_jsonl
-from video_grpo.decode import add_decode_arguments
-from video_grpo.distributed import end_run, exit_process, process_state
+from video_grpo.data.annotations import iter_jsonl_objects, write_jsonl
 from video_grpo.evaluate import SET_READERS, SPAN_SCORINGS, score_output
+from video_grpo.rollout.decode import add_decode_arguments
+from video_grpo.runtime.distributed import end_run, exit_process, process_state
 
 STATUSES = ("kept", "too_hard", "too_easy", "capped", "not_drawn")
 RULES = ("band", "gaussian")
@@ -74,7 +74,7 @@ class PredictionsError(ValueError):
 
 
 def _check_solution(solution, where: str) -> None:
-    from video_grpo.annotations import AnnotationError, _as_spans
+    from video_grpo.data.annotations import AnnotationError, _as_spans
 
     try:
         _as_spans(solution, where)
@@ -178,7 +178,7 @@ def assign_gaussian_status(
     stats: list[dict], target_size: int, seed: int, mean: float, std: float
 ) -> list[dict]:
     """TimeLens's rule: the drawn queries are kept, the others not_drawn (:func:`difficulty_draw.gaussian_draw`)."""
-    from video_grpo.difficulty_draw import gaussian_draw
+    from video_grpo.data.difficulty_draw import gaussian_draw
 
     drawn = set(gaussian_draw([e["mean_iou"] for e in stats], target_size, seed, mean, std))
     for index, entry in enumerate(stats):
@@ -378,7 +378,7 @@ def sample_main(args: argparse.Namespace) -> tuple[Path | None, str | None]:
 
     from video_grpo.configs import script_args_from_yaml
     from video_grpo.evaluate import generate_parts, load_split, merge_parts
-    from video_grpo.families import family_of_model
+    from video_grpo.inputs.families import family_of_model
 
     state = process_state()
     set_seed(args.seed + state.process_index)
@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         args.reader = "ours"
         if args.config:
             from video_grpo.configs import script_args_from_yaml
-            from video_grpo.rewards import recipe_reader
+            from video_grpo.rewards.functions import recipe_reader
 
             recipe = script_args_from_yaml(args.config)
             args.reader = recipe_reader(recipe.reward_funcs, recipe.reward_kwargs)

@@ -5,14 +5,14 @@
     accelerate launch --num_processes 8 -m video_grpo.evaluate run ...          # queries sharded over processes
     python -m video_grpo.evaluate score --predictions predictions.jsonl [--output metrics.json]
 
-``run`` uses the training path for prompts, frame sampling and processing (``video_grpo.data`` and
-``video_grpo.processing``), decodes as the recipe's ``eval_generation_kwargs`` say (greedy, 256 new tokens when
+``run`` uses the training path for prompts, frame sampling and processing (``video_grpo.data.dataset`` and
+``video_grpo.inputs.processing``), decodes as the recipe's ``eval_generation_kwargs`` say (greedy, 256 new tokens when
 it says nothing; command-line flags win), scores with the recipe's ``span_scoring`` unless ``--span_scoring`` is
 given, and appends one line per query to ``predictions.rank<R>.jsonl`` as it goes; a restarted run skips every id
 already written, so a killed run loses nothing it finished. At the end the parts are merged into
 ``predictions.jsonl`` and scored into ``metrics.json``.
 
-Metric rules (``score``; the scorings are :mod:`video_grpo.span_scoring`'s):
+Metric rules (``score``; the scorings are :mod:`video_grpo.rewards.span_scoring`'s):
 
 - R1@m is the percentage of queries with IoU >= m, for m = 0.3, 0.5, 0.7; mIoU is the mean IoU (in %);
 - a parse failure counts as IoU 0 and stays in the denominator;
@@ -42,15 +42,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from video_grpo import prefill
-from video_grpo.annotations import write_jsonl
-from video_grpo.decode import CompiledDecoder, add_decode_arguments, evaluation_decoder
-from video_grpo.distributed import end_run, exit_process, process_state
-from video_grpo.families import detect_family, family_of_model
-from video_grpo.prefix import unforkable_layers
-from video_grpo.processing import encode_rows, generation_inputs, vision_placeholder_ids
-from video_grpo.rewards import recipe_reader
-from video_grpo.span_scoring import (  # noqa: F401  (re-exported: evaluate's public scoring API)
+from video_grpo.data.annotations import write_jsonl
+from video_grpo.inputs.families import detect_family, family_of_model
+from video_grpo.inputs.prefix import unforkable_layers
+from video_grpo.inputs.processing import encode_rows, generation_inputs, vision_placeholder_ids
+from video_grpo.rewards.functions import recipe_reader
+from video_grpo.rewards.span_scoring import (  # noqa: F401  (re-exported: evaluate's public scoring API)
     SET_READERS,
     SPAN_SCORING_HELP,
     SPAN_SCORINGS,
@@ -64,6 +61,9 @@ from video_grpo.span_scoring import (  # noqa: F401  (re-exported: evaluate's pu
     timelens_iou,
     timelens_prediction,
 )
+from video_grpo.rollout import prefill
+from video_grpo.rollout.decode import CompiledDecoder, add_decode_arguments, evaluation_decoder
+from video_grpo.runtime.distributed import end_run, exit_process, process_state
 
 THRESHOLDS = (0.3, 0.5, 0.7)
 DURATION_BUCKETS = ((0, 30), (30, 60), (60, 120), (120, float("inf")))
@@ -83,7 +83,7 @@ def _summary(ious: list[float], failures: int) -> dict:
 
 def score_records(records: list[dict], span_scoring: str = "best_window", reader: str = "ours") -> dict:
     """Metrics from prediction records with ``output``, ``solution`` and ``duration``; ``reader``: how ``set``
-    reads an answer (the recipe's, :func:`video_grpo.rewards.recipe_reader`)."""
+    reads an answer (the recipe's, :func:`video_grpo.rewards.functions.recipe_reader`)."""
     ious, failures, buckets = [], 0, {b: ([], [0]) for b in DURATION_BUCKETS}
     for record in records:
         iou, parsed = score_output(record.get("output"), record["solution"], span_scoring, reader)
@@ -147,10 +147,10 @@ def generate_answers(
     """Answers for a batch of dataset rows, through the same processing as training.
 
     ``shared_prefill``: rows that repeat a query (k samples per query) prefill its prompt once
-    (:mod:`video_grpo.prefill`, which copies Qwen3.5's Gated DeltaNet states too); models with sequence-state
+    (:mod:`video_grpo.rollout.prefill`, which copies Qwen3.5's Gated DeltaNet states too); models with sequence-state
     layers their family cannot fork take the plain path.
     ``text_timestamps``: the recipe's ``frame_timestamps_in_text`` (TimeLens-7B), as in training.
-    ``decoder``: decode through its static cache and compiled step (:mod:`video_grpo.decode`; the same tokens).
+    ``decoder``: decode through its static cache and compiled step (:mod:`video_grpo.rollout.decode`; the same tokens).
     ``top_p``, ``top_k`` (when sampling) and ``repetition_penalty``: passed to ``generate`` when given, on every
     path (the shared prefill and the compiled step hand ``generate`` its keyword arguments as they are); unset, the
     model's generation_config decides, as before."""
@@ -227,7 +227,7 @@ def load_split(
     model ``family``. The train split of a recipe with ``train_sources`` is every source, read as training reads
     it (ids ``<source>/<id>``, each source's prompt). Reading the ids decodes nothing."""
     from video_grpo.configs import script_args_from_yaml
-    from video_grpo.data import build_dataset, build_train_dataset, dataset_kwargs
+    from video_grpo.data.dataset import build_dataset, build_train_dataset, dataset_kwargs
 
     script_args = script_args_from_yaml(config)
     if split == "train" and not annotations:
@@ -267,7 +267,7 @@ def generate_parts(
     optionally ``top_p``, ``top_k``, ``repetition_penalty`` and ``span_scoring``."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from video_grpo.video import VideoReadError
+    from video_grpo.data.video import VideoReadError
 
     out_dir.mkdir(parents=True, exist_ok=True)
     done = set()

@@ -1,4 +1,4 @@
-"""Print worked GRPO examples, computed by :mod:`video_grpo.grpo_math` and :mod:`video_grpo.sample_weights` (the
+"""Print worked GRPO examples, computed by :mod:`video_grpo.loss.grpo_math` and :mod:`video_grpo.data.sample_weights` (the
 trainer's own formulas).
 
 python -m video_grpo.explain
@@ -10,7 +10,8 @@ import math
 
 import torch
 
-from video_grpo.grpo_math import (
+from video_grpo.data.sample_weights import mean_reward_weights
+from video_grpo.loss.grpo_math import (
     TEMPSAMP_ALPHA1,
     TEMPSAMP_ALPHA2,
     TEMPSAMP_TAU,
@@ -20,7 +21,6 @@ from video_grpo.grpo_math import (
     shaped_advantages,
     tempsamp_shape,
 )
-from video_grpo.sample_weights import mean_reward_weights
 
 
 def _fmt(values) -> str:

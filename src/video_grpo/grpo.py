@@ -19,17 +19,17 @@ import transformers
 from transformers import AutoProcessor, set_seed
 from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
 
-from video_grpo.checkpoints import last_complete_checkpoint
 from video_grpo.configs import GRPOScriptArguments, validate_recipe
-from video_grpo.data import build_datasets
-from video_grpo.distributed import end_run, exit_process
-from video_grpo.families import family_of_model
-from video_grpo.guidance import check_guided_template
-from video_grpo.memory_check import install_plan_check, wanted
+from video_grpo.data.dataset import build_datasets
+from video_grpo.data.sample_weights import draw_weights
+from video_grpo.data.sources import recipe_sources
+from video_grpo.inputs.families import family_of_model
+from video_grpo.loss.guidance import check_guided_template
 from video_grpo.plan.startup import check_plan, decode_cache_tokens, fit_run, log_startup_plan
-from video_grpo.rewards import recipe_reader, resolve_reward_funcs
-from video_grpo.sample_weights import draw_weights
-from video_grpo.sources import recipe_sources
+from video_grpo.rewards.functions import recipe_reader, resolve_reward_funcs
+from video_grpo.runtime.checkpoints import last_complete_checkpoint
+from video_grpo.runtime.distributed import end_run, exit_process
+from video_grpo.runtime.memory_check import install_plan_check, wanted
 from video_grpo.trainer import VideoGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ def apply_auto_fit(
 def install_check(
     script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args: ModelConfig, trainer
 ) -> None:
-    """The plan check (``video_grpo.memory_check``) on this rank; a plan that cannot be made only skips it."""
+    """The plan check (``video_grpo.runtime.memory_check``) on this rank; a plan that cannot be made only skips it."""
     try:
         plan = check_plan(script_args, training_args, model_args)
     except Exception as err:  # noqa: BLE001 (a planner error is logged, never raised)
@@ -151,7 +151,7 @@ def build_trainer(
         where = {source.name: source.describe() for source in recipe_sources(script_args)}
         check_guided_template(script_args.answer_template, train_dataset, where)
     sample_weights = None
-    # TimeLens2's draw weights, from the starting model's mean IoU per query (video_grpo.sample_weights)
+    # TimeLens2's draw weights, from the starting model's mean IoU per query (video_grpo.data.sample_weights)
     if script_args.sample_weight_mean_power > 0:
         sample_weights = draw_weights(
             train_dataset.data.column("id").to_pylist(),

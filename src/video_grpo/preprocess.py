@@ -3,7 +3,7 @@
     python -m video_grpo.preprocess --config configs/grpo/qwen2_5_vl_7b_charades.yaml [--num_workers 8] [--dry_run]
 
 Frames go to ``frame_cache_dir`` (set it in the recipe, or pass ``--frame_cache_dir``) in
-``frame_cache_format`` (``jpeg`` by default, ``raw`` for exact frames; see :mod:`video_grpo.frame_cache`). An
+``frame_cache_format`` (``jpeg`` by default, ``raw`` for exact frames; see :mod:`video_grpo.data.frame_cache`). An
 entry is keyed by the video's path, size and mtime and by every sampling setting, so changing ``video_fps`` or
 a pixel limit never reuses stale frames. Entries are written to a temporary file and renamed, so a killed run
 leaves no half-written entry; rerunning skips what is already there.
@@ -24,9 +24,9 @@ from multiprocessing import Pool
 from tqdm.auto import tqdm
 
 from video_grpo.configs import script_args_from_yaml
-from video_grpo.families import FAMILIES, family_of_recipe
-from video_grpo.frame_cache import cache_path, entry_size, write_cache
-from video_grpo.video import SamplingConfig, VideoReadError, plan_sampling, read_video
+from video_grpo.data.frame_cache import cache_path, entry_size, write_cache
+from video_grpo.data.video import SamplingConfig, VideoReadError, plan_sampling, read_video
+from video_grpo.inputs.families import FAMILIES, family_of_recipe
 
 
 def _cache_one(job: tuple[str, SamplingConfig, str, str]) -> tuple[str, str | None]:
@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not script_args.frame_cache_dir and not args.dry_run:
         parser.error("no frame_cache_dir: set it in the recipe or pass --frame_cache_dir")
-    from video_grpo.data import missing_recipe_paths
-    from video_grpo.sources import eval_source, load_source, missing_source_paths, recipe_sources
+    from video_grpo.data.check import missing_recipe_paths
+    from video_grpo.data.sources import eval_source, load_source, missing_source_paths, recipe_sources
 
     problems = missing_recipe_paths(
         script_args, args.config, ("train_file", "eval_file", "durations_file", "video_root")

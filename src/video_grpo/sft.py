@@ -4,7 +4,7 @@
 
 R1-style video recipes often fine-tune briefly on the answer format before GRPO, so that the first GRPO
 groups already contain parsable answers. This uses TRL's ``SFTTrainer`` with the same prompt, frame
-sampling and processor path as GRPO (``video_grpo.data`` and ``video_grpo.processing``); the target is
+sampling and processor path as GRPO (``video_grpo.data.dataset`` and ``video_grpo.inputs.processing``); the target is
 ``answer_template`` filled with the annotated span. The YAML holds ``SFTScriptArguments`` (GRPO's data and
 video fields plus ``answer_template``), TRL's ``SFTConfig`` and ``ModelConfig``.
 """
@@ -19,12 +19,12 @@ import torch
 from transformers import AutoProcessor, set_seed
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
-from video_grpo.answers import render_solution
-from video_grpo.configs import ANSWER_DECIMALS, GRPOScriptArguments
-from video_grpo.data import build_datasets
-from video_grpo.distributed import end_run, exit_process
-from video_grpo.families import ModelFamily, family_of_model
-from video_grpo.processing import KeepVideoDtype, encode_rows, video_token_types
+from video_grpo.configs import GRPOScriptArguments
+from video_grpo.data.dataset import build_datasets
+from video_grpo.inputs.families import ModelFamily, family_of_model
+from video_grpo.inputs.processing import KeepVideoDtype, encode_rows, video_token_types
+from video_grpo.rewards.answers import ANSWER_DECIMALS, render_solution
+from video_grpo.runtime.distributed import end_run, exit_process
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class VideoSFTCollator:
         self.processor = processor
         self.answer_template = answer_template
         self.decimals = (
-            decimals  # the same precision as gt_guidance's guided answers (configs.ANSWER_DECIMALS)
+            decimals  # the same precision as gt_guidance's guided answers (rewards.answers.ANSWER_DECIMALS)
         )
         self.family = family
         tokenizer = processor.tokenizer

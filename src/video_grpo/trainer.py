@@ -5,7 +5,7 @@ old-policy, reference and loss forwards get none, and training silently continue
 subclass keeps each sample's processed video with its row and feeds it to every forward, with its time
 (Qwen2.5-VL: ``second_per_grid_ts`` from the sampled frames' timestamps; Qwen3-VL / Qwen3.5: ``<t seconds>``
 text in the prompt) and the ``mm_token_type_ids`` that switch on the 3-D (time, height, width) positions.
-What differs between families comes from :mod:`video_grpo.families`.
+What differs between families comes from :mod:`video_grpo.inputs.families`.
 
 Rows carry their video through TRL's shuffle-and-split of the generation batch: ``video_pixels`` (a list, one
 ``(patches, C)`` tensor per row; the G repeats of a prompt share one tensor), ``video_grid_thw`` ``(B, 3)``,
@@ -22,29 +22,19 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
-from video_grpo import state_fork
-from video_grpo.checkpointing import keep_one_input_grad_hook
-from video_grpo.data import set_replacement_weights
-from video_grpo.decode import (
-    CompiledDecoder,
-    DecodeStats,
-    decode_compile_on,
-    decode_settings,
-    parse_decode_compile,
-    step_shape,
-)
-from video_grpo.encoder import install
-from video_grpo.families import detect_family
-from video_grpo.guidance import group_advantages, guided_completion_ids, guided_mask
-from video_grpo.prefill import one_prefill_per_prompt
-from video_grpo.prefix import (
+from video_grpo.data.dataset import set_replacement_weights
+from video_grpo.data.sample_weights import SamplerEpoch, WeightedRepeatSampler, relative_weights
+from video_grpo.inputs import state_fork
+from video_grpo.inputs.encoder import install
+from video_grpo.inputs.families import detect_family
+from video_grpo.inputs.prefix import (
     PackedRows,
     forkable_state,
     pack_rows,
     unforkable_layers,
     unsupported_reason,
 )
-from video_grpo.processing import (
+from video_grpo.inputs.processing import (
     KeepVideoDtype,
     concat,
     encode_rows,
@@ -54,9 +44,19 @@ from video_grpo.processing import (
     video_token_types,
     vision_placeholder_ids,
 )
-from video_grpo.rewards import DEFAULT_ANSWER_TEMPLATE
-from video_grpo.sample_weights import SamplerEpoch, WeightedRepeatSampler, relative_weights
-from video_grpo.span_scoring import check_span_scoring
+from video_grpo.loss.guidance import group_advantages, guided_completion_ids, guided_mask
+from video_grpo.rewards.functions import DEFAULT_ANSWER_TEMPLATE
+from video_grpo.rewards.span_scoring import check_span_scoring
+from video_grpo.rollout.decode import (
+    CompiledDecoder,
+    DecodeStats,
+    decode_compile_on,
+    decode_settings,
+    parse_decode_compile,
+    step_shape,
+)
+from video_grpo.rollout.prefill import one_prefill_per_prompt
+from video_grpo.runtime.checkpointing import keep_one_input_grad_hook
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def resolve_shared_prefix(requested: bool | None, config) -> bool:
 
 class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
     """GRPO for video-language models. Dataset rows need ``prompt``, ``video_frames`` and ``video_metadata``
-    (see :mod:`video_grpo.data`)."""
+    (see :mod:`video_grpo.data.dataset`)."""
 
     def __init__(
         self,
@@ -134,27 +134,27 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         """
         grounding_eval_samples: how many eval queries ``evaluate()`` answers greedily for R1@m / mIoU
             (None: all of them, 0: skip). span_scoring: how those answers are scored (the recipe's
-            ``span_scoring``; :mod:`video_grpo.span_scoring`). span_reader: how ``set`` reads an answer (the recipe's
-            rewards' reader, :func:`video_grpo.rewards.recipe_reader`).
+            ``span_scoring``; :mod:`video_grpo.rewards.span_scoring`). span_reader: how ``set`` reads an answer (the recipe's
+            rewards' reader, :func:`video_grpo.rewards.functions.recipe_reader`).
         max_bad_sample_fraction: stop when more than this share of the prompts seen had an unreadable video
-            (each is replaced by another sample by the dataset; see ``video_grpo.data.VideoTransform``).
+            (each is replaced by another sample by the dataset; see ``video_grpo.data.dataset.VideoTransform``).
         freeze_vision_tower: train the language model only. train_vision_merger: with it, the vision module's
             merger (its projection into the language model) still trains, as in TimeLens.
         encode_video_once: run the vision encoder once per unique video per forward (and, with a frozen
-            tower, once per generation batch) instead of once per row; see ``video_grpo.encoder``.
+            tower, once per generation batch) instead of once per row; see ``video_grpo.inputs.encoder``.
         gt_guidance, advantage_shaping, answer_template: ground-truth-guided groups (TempSamp-R1); see
-            ``video_grpo.guidance``.
+            ``video_grpo.loss.guidance``.
         shared_prefix: old-policy, reference and loss forwards run each prompt through the language model once
-            per micro-batch (``video_grpo.prefix``). None: on where that is exact, else off with one warning;
+            per micro-batch (``video_grpo.inputs.prefix``). None: on where that is exact, else off with one warning;
             True: on, and an error where it cannot be exact; False: off.
         frame_timestamps_in_text: Qwen2.5-VL prompts carry each temporal patch's time as text (TimeLens-7B;
-            ``video_grpo.families``), in generation, every forward and the grounding evaluation.
+            ``video_grpo.inputs.families``), in generation, every forward and the grounding evaluation.
         decode_compile, decode_compile_backend: decode from one static cache with a compiled step
-            (``video_grpo.decode``): "auto" on CUDA, "true" everywhere, "false" eagerly. decode_cuda_graphs: replay
+            (``video_grpo.rollout.decode``): "auto" on CUDA, "true" everywhere, "false" eagerly. decode_cuda_graphs: replay
             it as a CUDA graph where that is safe (the cache then stays allocated). decode_cache_tokens: the
             static cache's length, the longest prompt the recipe allows + max_completion_length (None: from the
             first generation call).
-        sample_weights: each training row's draw probability (TimeLens2's, ``video_grpo.sample_weights``); each
+        sample_weights: each training row's draw probability (TimeLens2's, ``video_grpo.data.sample_weights``); each
             epoch then orders the prompts by weight, without replacement. None: TRL's shuffled pass.
         """
         super().__init__(*args, **kwargs)
@@ -211,7 +211,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
                 )
         self.shared_prefix = resolve_shared_prefix(shared_prefix, base.config)
         # One prefill per prompt in generate: exact with any attention backend, and with sequence-state layers
-        # whose state the prefill's cache copies (video_grpo.prefill)
+        # whose state the prefill's cache copies (video_grpo.rollout.prefill)
         self.shared_prefill = shared_prefix is not False and not unforkable_layers(base.config)
         self.decoder = self._compiled_decoder(
             decode_compile, decode_compile_backend, decode_cuda_graphs, decode_cache_tokens
@@ -239,7 +239,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
     def _compiled_decoder(
         self, value, backend: str, cuda_graphs: bool, cache_tokens: int | None
     ) -> CompiledDecoder | None:
-        """The generation calls' static cache and compiled step (``video_grpo.decode``), or None to decode eagerly.
+        """The generation calls' static cache and compiled step (``video_grpo.rollout.decode``), or None to decode eagerly.
 
         Rows: a training generation call's (micro-batch x steps_per_generation), or an evaluation batch's if that
         is larger; smaller calls are padded to it, so one graph serves both."""
@@ -403,7 +403,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             self.video_encoder.reset()  # a frozen tower's cached features live for one generation batch
         self._account_bad_samples(inputs)
         # With draw weights, log N p(q) averaged over the drawn prompts (1 for a uniform draw): the drawn row's,
-        # also where a bad video was replaced by another row (video_grpo.data.VideoTransform)
+        # also where a bad video was replaced by another row (video_grpo.data.dataset.VideoTransform)
         if self.sample_weights is not None and self.model.training:
             drawn = [x.get("drawn_row_index", x.get("row_index", -1)) for x in inputs]
             rows = relative_weights(self.sample_weights, drawn)
@@ -430,7 +430,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         output.update({key: rows[key] for key in video_row_keys(self.family)})
         return output
 
-    # Why: with TimeLens2's draw weights, prompts are drawn by weight (video_grpo.sample_weights), in TRL's layout.
+    # Why: with TimeLens2's draw weights, prompts are drawn by weight (video_grpo.data.sample_weights), in TRL's layout.
     def _get_train_sampler(self, dataset=None):
         if self.sample_weights is None:
             return super()._get_train_sampler(dataset)
@@ -445,7 +445,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             self._sampler_epoch.sampler = sampler
         return sampler
 
-    # Why: each prompt is prefilled once for its G answers (video_grpo.prefill); with gt_guidance, the last
+    # Why: each prompt is prefilled once for its G answers (video_grpo.rollout.prefill); with gt_guidance, the last
     # answer of each group is the annotated span, not a sample.
     def _generate_single_turn(
         self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
@@ -482,7 +482,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
         return self._rewards_per_func
 
     def _reshape_advantages(self, output: dict, local_rows: int) -> None:
-        """Replace TRL's advantages by ``video_grpo.guidance.group_advantages`` (guided groups, shaping)."""
+        """Replace TRL's advantages by ``video_grpo.loss.guidance.group_advantages`` (guided groups, shaping)."""
         rewards = self._rewards_per_func
         size = rewards.shape[0]
         guided = torch.tensor(
@@ -520,7 +520,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
             return super()._prepare_inputs(generation_batch)
 
     # Why: generation must see the same token ids and video tensors as the later forwards. With one prefill per
-    # prompt, generation gets each video's pixels once plus each row's video index (video_grpo.prefill), not G
+    # prompt, generation gets each video's pixels once plus each row's video index (video_grpo.rollout.prefill), not G
     # copies; the plain generate needs one copy per row.
     def _tokenize_prompts(self, prompts: list):
         rows = self._video_rows
@@ -623,7 +623,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
     def _pack(
         self, ids: torch.Tensor, mask: torch.Tensor, completion_length: int, rows: slice
     ) -> PackedRows | None:
-        """The rows packed by shared prompt (``video_grpo.prefix``), or None for the plain forward."""
+        """The rows packed by shared prompt (``video_grpo.inputs.prefix``), or None for the plain forward."""
         if not self.shared_prefix:
             return None
         packed = pack_rows(
@@ -655,7 +655,7 @@ class VideoGRPOTrainer(KeepVideoDtype, GRPOTrainer):
     @contextlib.contextmanager
     def _cached_video_features(self):
         """Every forward after generation (old policy, reference, loss) takes a frozen tower's features from the
-        cache generation filled; it never runs the tower itself, on any rank (see ``video_grpo.encoder``)."""
+        cache generation filled; it never runs the tower itself, on any rank (see ``video_grpo.inputs.encoder``)."""
         with contextlib.ExitStack() as stack:
             for encoder in (self.video_encoder, self.ref_video_encoder):
                 if encoder is not None:

@@ -52,7 +52,7 @@ class CurationBudget:
 def make_pool(data: Path, train_records: list[dict], task, extra: int, seed: int) -> dict[str, list[dict]]:
     """Write the ``whole`` and ``mislabelled`` videos next to the training ones, and ``pool.jsonl`` (every kind)
     and ``curation_sft.jsonl`` (``event`` and ``whole``). Returns the records by kind."""
-    from video_grpo.annotations import write_jsonl
+    from video_grpo.data.annotations import write_jsonl
     from video_grpo.toys.synthetic import make_flash_split
 
     kinds = {

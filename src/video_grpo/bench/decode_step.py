@@ -1,4 +1,4 @@
-"""Benchmark of the compiled decode step (:mod:`video_grpo.decode`): one decode step of ``generate``, eager (today's
+"""Benchmark of the compiled decode step (:mod:`video_grpo.rollout.decode`): one decode step of ``generate``, eager (today's
 one-prefill path, a dynamic cache) against compiled (the static cache, inductor), on the same rows.
 
 Called by ``python -m video_grpo.bench perf`` (rows ``decode_step_time_compiled_vs_eager`` and
@@ -27,7 +27,7 @@ import torch
 
 from video_grpo.bench.emit import emit
 from video_grpo.bench.qwen_widths import SMALL_VOCAB_TOKENS, published_config
-from video_grpo.decode import cache_length
+from video_grpo.rollout.decode import cache_length
 
 OVERHEAD_WIDTHS = {  # 64 wide, the 3B's 36 text layers, a small vocabulary: dispatch-bound, as a GPU at G = 8
     "hidden_size": 64,
@@ -102,7 +102,7 @@ def timed_generate(
     """(wall seconds, per-step gaps, output) of one greedy ``prefill.generate`` call."""
     from transformers import LogitsProcessorList
 
-    from video_grpo import prefill
+    from video_grpo.rollout import prefill
 
     clock = StepClock()
     eos = model.config.text_config.eos_token_id
@@ -125,7 +125,7 @@ def timed_generate(
 
 def compare(model, inputs: dict, new_tokens: int, calls: int, settings) -> dict:
     """Both sides on the same rows: median step seconds, the compiled side's compile seconds, same tokens."""
-    from video_grpo.decode import CompiledDecoder
+    from video_grpo.rollout.decode import CompiledDecoder
 
     decoder = CompiledDecoder(rows=inputs["input_ids"].shape[0], settings=settings)
     timed_generate(model, inputs, new_tokens)  # untimed: allocator and thread pools warm
@@ -154,7 +154,7 @@ def compare(model, inputs: dict, new_tokens: int, calls: int, settings) -> dict:
 def perf_rows(emit, quick: bool) -> None:
     """``decode_step_time_compiled_vs_eager`` and ``decode_compile_time`` on CPU (see the module doc). ``quick``:
     4 text layers and the ``aot_eager`` backend (seconds, the same code path; its ratio says nothing of speed)."""
-    from video_grpo.decode import DecodeSettings
+    from video_grpo.rollout.decode import DecodeSettings
 
     layers, backend = (4, "aot_eager") if quick else (36, "inductor")
     threads = torch.get_num_threads()
@@ -227,7 +227,7 @@ def gpu_rows(
     something else, and the script fails."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from video_grpo.decode import DecodeSettings
+    from video_grpo.rollout.decode import DecodeSettings
 
     values, origin = published_config(widths)
     if layers is not None:  # a smoke run of the code path (full depth is the measurement)

@@ -16,8 +16,8 @@ def sample_prep(work: Path, repeats: int) -> None:
     import imageio_ffmpeg
     from torchvision.io import decode_jpeg, encode_jpeg
 
-    from video_grpo.data import VideoTransform
-    from video_grpo.frame_cache import (
+    from video_grpo.data.dataset import VideoTransform
+    from video_grpo.data.frame_cache import (
         JPEG_QUALITY,
         decode_frames,
         entry_tensors,
@@ -25,7 +25,7 @@ def sample_prep(work: Path, repeats: int) -> None:
         read_cached,
         write_cache,
     )
-    from video_grpo.video import SamplingConfig, read_video
+    from video_grpo.data.video import SamplingConfig, read_video
 
     video = work / "clip.mp4"  # 30 s of 640x360 at 30 fps: a typical Charades-like clip
     subprocess.run(

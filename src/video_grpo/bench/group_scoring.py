@@ -50,10 +50,10 @@ def _prompt(config, visual_tokens: int) -> tuple[list[int], dict]:
     if (REFERENCE / "vocab.json").is_file() and config.video_token_id == QWEN_TOKENS["video_token_id"]:
         from transformers import AutoProcessor
 
-        from video_grpo.data import build_dataset
-        from video_grpo.families import QWEN2_5_VL
-        from video_grpo.processing import encode_rows
-        from video_grpo.video import SamplingConfig
+        from video_grpo.data.dataset import build_dataset
+        from video_grpo.data.video import SamplingConfig
+        from video_grpo.inputs.families import QWEN2_5_VL
+        from video_grpo.inputs.processing import encode_rows
 
         area = visual_tokens // 8 * 28 * 28  # 16 frames = 8 frame pairs
         sampling = SamplingConfig(
@@ -83,8 +83,8 @@ def _prompt(config, visual_tokens: int) -> tuple[list[int], dict]:
 def answer_logps(model, batch: dict, shared: bool) -> tuple[torch.Tensor, int]:
     """Per-token log-probs of the answer tokens (the trainer's scoring: LM head on scored positions only), and
     the token positions the language model's layers carried."""
-    from video_grpo.prefix import forkable_state, pack_rows
-    from video_grpo.processing import video_kwargs
+    from video_grpo.inputs.prefix import forkable_state, pack_rows
+    from video_grpo.inputs.processing import video_kwargs
 
     ids, mask, width = batch["input_ids"], batch["attention_mask"], batch["completion_length"]
     config = model.config

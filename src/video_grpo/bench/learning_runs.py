@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from video_grpo.data import VideoTransform
+from video_grpo.data.dataset import VideoTransform
+from video_grpo.data.video import SamplingConfig
 from video_grpo.toys.synthetic import FlashTask
-from video_grpo.video import SamplingConfig
 
 # 16-s flash videos at 2 fps: 32 frames of 28x28, one visual token per 2 frames -> 16 tokens, one per second.
 SAMPLING = SamplingConfig(fps=2.0, min_frames=4, max_frames=32, min_pixels=784, max_pixels=784, max_tokens=64)
@@ -88,7 +88,7 @@ def cold_start(work: Path, budget: Budget, answer_only: bool = False) -> tuple[P
     model = build_tiny_model(work / "tiny", **MODEL_SIZE)
     with contextlib.redirect_stdout(sys.stderr):
         if answer_only:
-            from video_grpo.rewards import ANSWER_ONLY_TEMPLATE
+            from video_grpo.rewards.functions import ANSWER_ONLY_TEMPLATE
 
             dataset = task_dataset(data / "train.jsonl", prompt=ANSWER_ONLY_PROMPT)
             start = sft(
@@ -106,7 +106,7 @@ def cold_start(work: Path, budget: Budget, answer_only: bool = False) -> tuple[P
 def answer_only_start(work: Path, data: Path, budget: Budget) -> Path:
     """The answer-only cold start: the same tiny model (``work/tiny``, built by :func:`cold_start`), videos and SFT
     steps, taught ``The event happens in S - E seconds.`` (TimeLens's answer) instead of the ``<think>`` answer."""
-    from video_grpo.rewards import ANSWER_ONLY_TEMPLATE
+    from video_grpo.rewards.functions import ANSWER_ONLY_TEMPLATE
 
     dataset = task_dataset(data / "train.jsonl", prompt=ANSWER_ONLY_PROMPT)
     with contextlib.redirect_stdout(sys.stderr):
@@ -125,7 +125,7 @@ def task_dataset(path: Path, prompt: str = PROMPT, **kwargs):
     uint8 frames and their timestamps as they are, so every row is what decoding gives; decoding each access
     instead (100 SFT steps of 16 rows, and every test pass, re-read the same videos) was about half of the
     benchmark's time."""
-    from video_grpo.data import build_dataset
+    from video_grpo.data.dataset import build_dataset
     from video_grpo.preprocess import preprocess
 
     cache = str(Path(path).parent / "frames")
@@ -173,7 +173,7 @@ def answers(
 def test_metrics(model_dir: Path, dataset) -> dict:
     """R1@{0.3,0.5,0.7}, mIoU (%) and the share of answers in the exact format (%), greedy."""
     from video_grpo.evaluate import score_records
-    from video_grpo.rewards import format_reward
+    from video_grpo.rewards.functions import format_reward
 
     records = answers(model_dir, dataset)
     metrics = score_records(records)
@@ -199,7 +199,7 @@ def sft(
     from transformers import AutoProcessor
     from trl import SFTConfig, SFTTrainer
 
-    from video_grpo.families import QWEN2_5_VL
+    from video_grpo.inputs.families import QWEN2_5_VL
     from video_grpo.sft import VideoSFTCollator
 
     processor = AutoProcessor.from_pretrained(model_dir)
@@ -269,7 +269,7 @@ def with_transform(dataset, transform_class, prompt: str = PROMPT):
 def recording_iou(group_stds: list[float], group_size: int):
     """``iou_reward`` (same name, so the logs keep their keys) that appends each group's population IoU std to
     ``group_stds``. In one process the reward sees the whole generation batch, G consecutive rows per prompt."""
-    from video_grpo.rewards import iou_reward as base
+    from video_grpo.rewards.functions import iou_reward as base
 
     def iou_reward(completions, **kwargs) -> list[float]:
         rewards = base(completions=completions, **kwargs)
@@ -285,7 +285,7 @@ def recording_rollouts(reward: Callable, groups: list[dict], group_size: int) ->
     """``reward`` (same ``__name__``, so the logs keep their keys, and the same values) that appends each group of
     ``group_size`` consecutive answers it scores to ``groups``: their texts and the ``solution`` and ``duration``
     columns. In one process the reward sees the whole generation batch, G consecutive rows per prompt."""
-    from video_grpo.rewards import completion_text
+    from video_grpo.rewards.functions import completion_text
 
     def recorded(completions, **kwargs) -> list[float]:
         rewards = reward(completions=completions, **kwargs)
@@ -307,11 +307,11 @@ def recording_rollouts(reward: Callable, groups: list[dict], group_size: int) ->
 
 @contextlib.contextmanager
 def guidance_variant(**options):
-    """Run ``VideoGRPOTrainer`` with :func:`video_grpo.guidance.group_advantages` ``options`` (``tau``,
+    """Run ``VideoGRPOTrainer`` with :func:`video_grpo.loss.guidance.group_advantages` ``options`` (``tau``,
     ``miss_below``). The trainer has no setting for them, so the benchmark swaps the function it calls, for this
     block only."""
     from video_grpo import trainer
-    from video_grpo.guidance import group_advantages
+    from video_grpo.loss.guidance import group_advantages
 
     original = trainer.group_advantages
     trainer.group_advantages = functools.partial(group_advantages, **options)
@@ -356,8 +356,8 @@ def grpo(
     from transformers import AutoConfig, AutoProcessor
     from trl import GRPOConfig, GRPOTrainer
 
-    from video_grpo.processing import vision_placeholder_ids
-    from video_grpo.rewards import format_reward, iou_reward
+    from video_grpo.inputs.processing import vision_placeholder_ids
+    from video_grpo.rewards.functions import format_reward, iou_reward
     from video_grpo.trainer import VideoGRPOTrainer
 
     processor = AutoProcessor.from_pretrained(model_dir)
@@ -380,7 +380,7 @@ def grpo(
         )
         accuracy = accuracy_reward
     if answer_only:
-        from video_grpo.rewards import iou_answer_only_reward
+        from video_grpo.rewards.functions import iou_answer_only_reward
 
         def answer_only_iou(completions, **kwargs) -> list[float]:
             return iou_answer_only_reward(completions=completions, **kwargs)
@@ -389,7 +389,7 @@ def grpo(
         accuracy = answer_only_iou
     if rollouts is not None:
         accuracy = recording_rollouts(accuracy, rollouts, args.num_generations)
-    from video_grpo.rewards import resolve_reward_funcs
+    from video_grpo.rewards.functions import resolve_reward_funcs
 
     extra = resolve_reward_funcs(list(extra_rewards), extra_reward_params)
     trainer = trainer_class(

@@ -27,7 +27,7 @@ def build_trainer(
     from transformers import AutoProcessor
     from trl import GRPOConfig
 
-    from video_grpo.rewards import format_soft_reward, iou_reward
+    from video_grpo.rewards.functions import format_soft_reward, iou_reward
     from video_grpo.trainer import VideoGRPOTrainer
 
     settings = {
@@ -66,8 +66,8 @@ def build_trainer(
 
 
 def sample_dataset(sampling=None):
-    from video_grpo.data import build_dataset
-    from video_grpo.video import SamplingConfig
+    from video_grpo.data.dataset import build_dataset
+    from video_grpo.data.video import SamplingConfig
 
     sampling = sampling or SamplingConfig(
         fps=1.0, min_frames=4, max_frames=16, min_pixels=784, max_pixels=112 * 112, max_tokens=512

@@ -26,7 +26,7 @@ from pathlib import Path
 from video_grpo.bench.emit import emit
 from video_grpo.bench.plan_measure import StepSetting, build_config, measure_step, plan_categories, video_grid
 from video_grpo.bench.qwen_widths import published_config
-from video_grpo.families import detect_family
+from video_grpo.inputs.families import detect_family
 from video_grpo.plan.compute import plan_compute
 from video_grpo.plan.memory import plan_memory
 from video_grpo.plan.model import read_model_shape

@@ -4,7 +4,7 @@ The step runs the project's own code (``prefix.pack_rows``, the model's forward 
 backward, the optimizer) on a model whose parameters and large tensors are *fake*: they carry shape, dtype and
 device but no data (``torch._subclasses.fake_tensor``). Small integer tensors (token ids, grids, positions,
 segment ids) stay real, so the data-dependent parts (window indices, rotary positions, packing) run as they
-do in training. Every storage an operator returns is counted by bytes (as :mod:`video_grpo.plan.live_memory`), so
+do in training. Every storage an operator returns is counted by bytes (as :mod:`video_grpo.runtime.live_memory`), so
 the peak of each phase is the peak of live tensor bytes a real run of the same step would hold. What is not
 modelled: the allocator's caching and fragmentation, and kernels' workspaces (the planner's headroom).
 
@@ -26,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from video_grpo.families import detect_family
+from video_grpo.inputs.families import detect_family
 from video_grpo.plan.fake_trace import HalfFake, fake_parameters
 from video_grpo.plan.prompt_text import TIME_TEXT_TOKENS
 
@@ -336,8 +336,8 @@ def build_policy(config, setting: StepSetting, mode: HalfFake | None):
     from transformers import AutoModelForImageTextToText
     from trl.trainer.utils import add_fused_lm_head
 
-    from video_grpo import positions
-    from video_grpo.encoder import install
+    from video_grpo.inputs import positions
+    from video_grpo.inputs.encoder import install
 
     positions.install()
     dtype = getattr(torch, setting.dtype)
@@ -365,8 +365,8 @@ def build_policy(config, setting: StepSetting, mode: HalfFake | None):
 
 def packed_or_plain(model, config, inputs: dict, shared: bool, regions: Regions) -> tuple[dict, torch.Tensor]:
     """The loss-side forward's model inputs and shifted labels, as the trainer builds them."""
-    from video_grpo.prefix import forkable_state, pack_rows
-    from video_grpo.processing import video_kwargs
+    from video_grpo.inputs.prefix import forkable_state, pack_rows
+    from video_grpo.inputs.processing import video_kwargs
 
     ids, mask, width = inputs["input_ids"], inputs["attention_mask"], inputs["completion_length"]
     if shared:
@@ -400,7 +400,7 @@ def answer_logps(model, model_inputs: dict, labels: torch.Tensor) -> torch.Tenso
 def generate(model, config, inputs: dict, setting: StepSetting, regions: Regions) -> None:
     """What generation holds: the prompt's prefill (once, then its cache copied to the G rows, with
     ``shared_prefix``; else G rows), then one forward per new token on the growing cache."""
-    from video_grpo.prefill import select_cache_rows
+    from video_grpo.rollout.prefill import select_cache_rows
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     backbone = base.model
@@ -455,7 +455,7 @@ def generate(model, config, inputs: dict, setting: StepSetting, regions: Regions
 def measure_step(setting: StepSetting, fake: bool = True) -> StepMeasurement:
     """Run one GRPO step of ``setting`` with fake weights (``fake=False``: real random weights and real tensors,
     as small models allow); the peak live bytes and FLOPs of each phase."""
-    from video_grpo.grpo_math import grpo_loss
+    from video_grpo.loss.grpo_math import grpo_loss
 
     config = build_config(setting.config)
     mode, regions = (HalfFake() if fake else None), Regions()

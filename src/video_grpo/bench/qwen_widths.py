@@ -140,7 +140,7 @@ def build_model(config, device: str = "cpu", dtype: torch.dtype = torch.float32)
     scores (see :func:`scoring_model`)."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from video_grpo import positions
+    from video_grpo.inputs import positions
 
     positions.install()
     return scoring_model(Qwen2_5_VLForConditionalGeneration, config, device, dtype)
@@ -149,7 +149,7 @@ def build_model(config, device: str = "cpu", dtype: torch.dtype = torch.float32)
 def scoring_model(model_class, config, device: str = "cpu", dtype: torch.dtype = torch.float32):
     """A random-weight ``model_class`` of ``config`` (seed 0) that scores a group as the trainer does: the vision
     tower once per video on both sides, and TRL's fused, chunked LM head (never the full logits)."""
-    from video_grpo.encoder import install
+    from video_grpo.inputs.encoder import install
 
     torch.manual_seed(0)
     model = model_class._from_config(config, dtype=dtype).to(device)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from video_grpo.configs import DEFAULT_PROMPT
+from video_grpo.data.prompts import DEFAULT_PROMPT
 from video_grpo.plan.recipe import GB
 
 PRESETS = (

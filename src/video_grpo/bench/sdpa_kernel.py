@@ -31,7 +31,7 @@ def sdpa_kernel_rows(
     score matrix per layer."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from video_grpo.plan.live_memory import LiveBytes
+    from video_grpo.runtime.live_memory import LiveBytes
 
     config, origin = model_config(widths)
     model = build_model(config, device, getattr(torch, dtype))

@@ -1,4 +1,4 @@
-"""Benchmark of the shared prompt (:mod:`video_grpo.prefix`, :mod:`video_grpo.prefill`): one group of G answers
+"""Benchmark of the shared prompt (:mod:`video_grpo.inputs.prefix`, :mod:`video_grpo.rollout.prefill`): one group of G answers
 to one video prompt, scored plain (G rows, each with the prompt) and packed (one row), side by side.
 
 Called by ``python -m video_grpo.bench perf`` (rows ``lm_positions_per_forward``, ``train_step_time_shared_prefix``,
@@ -17,7 +17,7 @@ Called by ``python -m video_grpo.bench perf`` (rows ``lm_positions_per_forward``
 - **Step.** The same scoring as the trainer's forwards: per-token log-probs of the answer tokens only, through
   TRL's fused chunked LM head (without TRL, e.g. on a bare GPU machine, the same positions with materialised
   logits), loss = their mean, backward. The vision tower runs once per video on both
-  sides (``video_grpo.encoder``), so the difference is the language model's prompt copies.
+  sides (``video_grpo.inputs.encoder``), so the difference is the language model's prompt copies.
 - **Time.** Each side runs two steps; the faster counts (both are in the JSON line's ``*_step_seconds``).
 - **Memory.** Each side runs in a fresh process, measured on its first step. Before the step the weights and their gradients are resident;
   the row reports the peak of the resident set during forward + backward minus what was resident before (CPU,
@@ -124,8 +124,8 @@ def generation_row(
     dtype: str = "float32",
 ) -> None:
     """``generate`` of G answers to one prompt: one prefill per row (plain) vs one per prompt."""
-    from video_grpo import prefill
-    from video_grpo.processing import video_kwargs
+    from video_grpo.inputs.processing import video_kwargs
+    from video_grpo.rollout import prefill
 
     config, origin = model_config(widths)
     model = build_model(config, device, getattr(torch, dtype)).eval()

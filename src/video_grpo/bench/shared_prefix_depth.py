@@ -14,7 +14,7 @@ block's backward ends, then to the end. Without gradient checkpointing every lay
 its own backward, so a deeper model adds them to A and (the vision blocks') to B; C, the embedding's and patch
 projection's gradients after the layers are freed, does not grow. ``tests/test_shared_prefix_depth.py`` checks the
 rule against a deeper step measured outright.
-Memory is live tensor bytes (``video_grpo.plan.live_memory.LiveBytes``) of a first, uncounted-for-time step; time is
+Memory is live tensor bytes (``video_grpo.runtime.live_memory.LiveBytes``) of a first, uncounted-for-time step; time is
 the faster of two further steps. Rows: ``train_step_time_shared_prefix_full_depth`` and
 ``peak_memory_shared_prefix_full_depth``, for the 3B's depth (36 + 32) and for the 7B's (28 + 32, the same
 3B-width layers: the 7B's own widths are not measured here).
@@ -31,7 +31,7 @@ from video_grpo.bench.emit import emit
 from video_grpo.bench.group_scoring import answer_logps, group_inputs
 from video_grpo.bench.peak_memory import in_fresh_process
 from video_grpo.bench.qwen_widths import build_model, model_config
-from video_grpo.plan.live_memory import LiveBytes
+from video_grpo.runtime.live_memory import LiveBytes
 
 DEPTHS = {"3b": (36, 32), "7b": (28, 32)}  # published (text layers, vision blocks)
 

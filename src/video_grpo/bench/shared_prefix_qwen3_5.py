@@ -1,4 +1,4 @@
-"""Benchmark of the shared prompt on Qwen3.5 (:mod:`video_grpo.state_fork`): one group of G answers to one video
+"""Benchmark of the shared prompt on Qwen3.5 (:mod:`video_grpo.inputs.state_fork`): one group of G answers to one video
 prompt, scored plain (G rows) and packed (one row, the Gated DeltaNet state forked after the prompt).
 
 Called by ``python -m video_grpo.bench perf`` (rows ``lm_positions_per_forward_qwen3_5``,
@@ -111,7 +111,7 @@ def packed_positions(widths: str = "4b", visual_tokens: int = 2048, group_size: 
     published widths needs no memory for a forward."""
     from transformers import Qwen3_5ForConditionalGeneration
 
-    from video_grpo.prefix import forkable_state, pack_rows
+    from video_grpo.inputs.prefix import forkable_state, pack_rows
 
     config, origin = model_config(widths)
     with torch.device("meta"):

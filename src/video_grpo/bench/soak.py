@@ -24,7 +24,7 @@ Rows, per case, each with its goal and whether it was met (JSON lines on stdout,
   after every measured step, and through the bytes of the tensors Python can reach, counted every
   ``--sample_every`` steps (:func:`video_grpo.bench.soak_sizes.tensor_bytes`);
 - ``soak_decode_graphs``, ``soak_decode_fallbacks`` and ``soak_compiled_steps``: graphs the compiled step built
-  (one per distinct call shape, :class:`video_grpo.decode.DecodeStats`), its fallbacks to eager decoding and the
+  (one per distinct call shape, :class:`video_grpo.rollout.decode.DecodeStats`), its fallbacks to eager decoding and the
   recompiles no new call shape explains, and the steps that decoded through it (``decode/compiled`` = 1);
 - ``soak_input_grad_hooks``: the input-embedding gradient hooks after the first and the last step;
 - ``soak_growth``: every size of :func:`video_grpo.bench.soak_sizes.container_sizes` at the first measured step
@@ -77,8 +77,8 @@ def hash_reward(completions, **kwargs) -> list[float]:
 def soak_sampling(family: str):
     """0.2 frames a second between 2 and 12 frames: ``data_samples``'s 10-60 s videos give 2, 4, ..., 12 frames
     (prompts of six widths); 2 x 2 merged tokens a frame pair keep the tiny step short."""
-    from video_grpo.families import FAMILIES
-    from video_grpo.video import SamplingConfig
+    from video_grpo.data.video import SamplingConfig
+    from video_grpo.inputs.families import FAMILIES
 
     geometry = FAMILIES[family]
     side = 2 * geometry.size_multiple
@@ -96,7 +96,7 @@ def soak_sampling(family: str):
 
 def frame_counts(sampling) -> list[int]:
     """The distinct frame counts the soak's videos are sampled to."""
-    from video_grpo.video import plan_sampling, probe_video
+    from video_grpo.data.video import plan_sampling, probe_video
 
     counts = set()
     for line in (SAMPLES / "train.jsonl").read_text().splitlines():
@@ -126,7 +126,7 @@ def build_trainer(model_dir: Path, out_dir: Path, settings: SoakSettings, compil
     from transformers import AutoProcessor
     from trl import GRPOConfig
 
-    from video_grpo.data import build_dataset
+    from video_grpo.data.dataset import build_dataset
     from video_grpo.trainer import VideoGRPOTrainer
 
     sampling = soak_sampling(settings.family)
@@ -343,7 +343,7 @@ def case_rows(result: dict, settings: SoakSettings) -> list[dict]:
             "soak_decode_fallbacks",
             result["fallbacks"] + result["unexpected_recompiles"],
             None,
-            "fallbacks to eager decoding + recompiles no new call shape explains (video_grpo.decode.DecodeStats)",
+            "fallbacks to eager decoding + recompiles no new call shape explains (video_grpo.rollout.decode.DecodeStats)",
             goal="none",
             met=result["fallbacks"] + result["unexpected_recompiles"] == 0,
             fallbacks=result["fallbacks"],

@@ -13,7 +13,7 @@ from tqdm import tqdm
 from transformers import TrainerCallback
 
 from video_grpo.bench.soak_sizes import container_sizes, object_types, rss_bytes, tensor_bytes
-from video_grpo.checkpointing import input_grad_hooks
+from video_grpo.runtime.checkpointing import input_grad_hooks
 
 
 @dataclass

@@ -14,7 +14,7 @@ from collections import Counter
 
 import torch
 
-from video_grpo.checkpointing import input_grad_hooks
+from video_grpo.runtime.checkpointing import input_grad_hooks
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -27,7 +27,7 @@ def rss_bytes() -> int:
 
 def tensor_bytes() -> int:
     """Bytes of the distinct CPU storages of every tensor Python can reach: the project's "live tensor bytes"
-    (``video_grpo.plan.live_memory``) as a snapshot, since its dispatch mode cannot watch a compiled step. Views
+    (``video_grpo.runtime.live_memory``) as a snapshot, since its dispatch mode cannot watch a compiled step. Views
     share a storage and count once; fake tensors (dynamo's traced examples) hold no memory and are skipped."""
     from torch._subclasses.fake_tensor import FakeTensor
 

@@ -80,7 +80,7 @@ SCORED = ("tiou", "twass", "format")  # every reward the arms sum
 
 @functools.cache
 def _scoring_funcs() -> tuple:
-    from video_grpo.rewards import resolve_reward_funcs
+    from video_grpo.rewards.functions import resolve_reward_funcs
 
     return tuple(resolve_reward_funcs(list(SCORED), REWARD_PARAMS))
 
@@ -148,8 +148,8 @@ def paired_interval(ours: list[float], baseline: list[float]) -> dict:
 
 def span_length(output: str | None) -> float | None:
     """Seconds covered by an answer's spans (merged; as ``tiou`` reads it); None when it gives none."""
-    from video_grpo.answers import parse_answer_spans
-    from video_grpo.span_sets import total_length
+    from video_grpo.rewards.answers import parse_answer_spans
+    from video_grpo.rewards.span_sets import total_length
 
     spans = parse_answer_spans(output) if output is not None else None
     return total_length(spans) if spans else None
@@ -234,7 +234,7 @@ def _start_stats(work: Path, steps: int) -> dict:
 
 def _arm(work: Path, steps: int, seed: int, arm: str, grpo_steps: int) -> dict:
     """One arm's GRPO run from a start: its log, its sampled groups, and its greedy test answers."""
-    from video_grpo.rewards import resolve_reward_funcs
+    from video_grpo.rewards.functions import resolve_reward_funcs
 
     def make() -> dict:
         start = Path(_start(work, steps))
@@ -270,7 +270,7 @@ def _arm(work: Path, steps: int, seed: int, arm: str, grpo_steps: int) -> dict:
 
 def _guided(work: Path, steps: int, seed: int, grpo_steps: int) -> dict:
     """Arm A's run with ground-truth-guided groups and TempSamp shaping (the learning benchmark's guided run)."""
-    from video_grpo.rewards import resolve_reward_funcs
+    from video_grpo.rewards.functions import resolve_reward_funcs
 
     def make() -> dict:
         (accuracy,) = resolve_reward_funcs(["tiou"], {"tiou": REWARD_PARAMS["tiou"]})

@@ -3,7 +3,7 @@ where the IoU reward gives none, and does training with it answer better?
 
 A GRPO group whose G rewards are all equal has zero advantages: its answers teach nothing. IoU is 0 for every
 answer that misses the true span, so a group of misses is such a group whatever the misses' distances;
-``twass`` (:func:`video_grpo.span_sets.twass_score`) still ranks them. The rows:
+``twass`` (:func:`video_grpo.rewards.span_sets.twass_score`) still ranks them. The rows:
 
 - ``twass_flat_groups``: the share of groups whose rewards are all equal (max - min below ``FLAT_TOLERANCE``),
   the ``twass`` + ``iou`` sum against ``iou`` alone, on the **same** groups of answers: every group the
@@ -33,7 +33,7 @@ import math
 import sys
 from pathlib import Path
 
-from video_grpo.answers import parse_answer_spans
+from video_grpo.rewards.answers import parse_answer_spans
 
 # Re-scored groups: the GRPO runs that sample <think> answers to the task's single-span queries with the IoU
 # reward, unguided (guided groups hold the true answer, not the policy's). The answer-only run is left out: it
@@ -54,7 +54,7 @@ def twass_params(beta: float = 1.0) -> dict:
 def score_group(group: dict, names: tuple[str, ...] = SCORED) -> dict[str, list[float]]:
     """Each answer's reward under every registry reward of ``names``: one scoring per group and reward, however
     many sums are then made of them."""
-    from video_grpo.rewards import REWARD_FUNCS, SET_REWARDS
+    from video_grpo.rewards.functions import REWARD_FUNCS, SET_REWARDS
 
     columns = {"solution": group["solution"], "duration": group["duration"]}
     # TimeLens2's rewards read our "S to E" answers with our reader (theirs reads JSON only)

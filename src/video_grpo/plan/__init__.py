@@ -5,7 +5,7 @@ Modules, in the order a plan is made (each imports only those above it):
 - :mod:`~video_grpo.plan.workload`: what a recipe asks of one GPU's step (worst-case video, group, launch);
 - :mod:`~video_grpo.plan.model`: an architecture's shape and exact parameter counts, from ``config.json``;
 - :mod:`~video_grpo.plan.sizes`: the step's token and row counts;
-- :mod:`~video_grpo.plan.fake_trace`, :mod:`~video_grpo.plan.live_memory`: running model code on fake tensors,
+- :mod:`~video_grpo.plan.fake_trace`, :mod:`~video_grpo.runtime.live_memory`: running model code on fake tensors,
   and counting live tensor bytes;
 - :mod:`~video_grpo.plan.layers`: one layer's activation bytes, traced at the real sizes;
 - :mod:`~video_grpo.plan.memory`: the step walked phase by phase, bytes per category;
@@ -22,7 +22,7 @@ Modules, in the order a plan is made (each imports only those above it):
   checked by ``python -m video_grpo.plan --markdown``;
 - :mod:`~video_grpo.plan.cli`: the command;
 - :mod:`~video_grpo.plan.startup`: the one-line plan a training run logs, its auto-fit and the plan its plan check
-  compares with (the trainer's entry point; :mod:`~video_grpo.plan.live_memory` is the CPU plan check's counter).
+  compares with (the trainer's entry point; :mod:`~video_grpo.runtime.live_memory` is the CPU plan check's counter).
 """
 
 from video_grpo.plan.cli import main

@@ -4,7 +4,7 @@ A fake tensor (``torch._subclasses.fake_tensor``) has a shape, dtype and device 
 runs in milliseconds and allocates nothing. Data-dependent steps (window indices, rotary positions, packing,
 ``tolist()``) need values, though; :class:`HalfFake` runs an operator for real when all its inputs are real and
 its outputs are small, and fake otherwise. Counting the storages operators return
-(:class:`video_grpo.plan.live_memory.LiveBytes`) then gives the bytes a real run of the same code would hold.
+(:class:`video_grpo.runtime.live_memory.LiveBytes`) then gives the bytes a real run of the same code would hold.
 """
 
 from __future__ import annotations

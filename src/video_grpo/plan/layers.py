@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from video_grpo.plan.fake_trace import HalfFake, fake_parameters
-from video_grpo.plan.live_memory import LiveBytes
 from video_grpo.plan.model import DEFAULT_LORA_TARGETS, ModelShape, meta_model
+from video_grpo.runtime.live_memory import LiveBytes
 
 
 @dataclass(frozen=True)

@@ -216,7 +216,7 @@ class StepWalk:
         self.features = (
             sizes.generation_videos * visual_tokens * shape.out_hidden * self.b * (1 + shape.deepstack_levels)
         )
-        # the compiled decoder's static cache (video_grpo.decode): every generation row x its whole length; with
+        # the compiled decoder's static cache (video_grpo.rollout.decode): every generation row x its whole length; with
         # CUDA graphs it stays allocated all step (its addresses are baked into the graph)
         self.decode_path = decode_path(work, device)
         self.static_cache = sizes.generation_rows * (

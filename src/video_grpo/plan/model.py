@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from video_grpo.families import ModelFamily, detect_family
+from video_grpo.inputs.families import ModelFamily, detect_family
 
 DEFAULT_LORA_TARGETS = (
     "q_proj",

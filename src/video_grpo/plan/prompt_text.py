@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from video_grpo.families import VIDEO_BLOCK, VIDEO_PAD, ModelFamily
+from video_grpo.inputs.families import VIDEO_BLOCK, VIDEO_PAD, ModelFamily
 
 # The query the prompt is planned with: 30 tokens of the default prompt in Qwen's tokenizer (28 words). That is room
 # for every Charades-STA query (the longest is 15 tokens) and for 95% of ActivityNet Captions' (27 tokens; their
@@ -72,7 +72,7 @@ def time_as_text(family: ModelFamily) -> bool:
 def qwen_counts(family: ModelFamily, prompt_template: str | None) -> tuple[int, int]:
     """(fixed, per pair) from the counts measured in Qwen's tokenizer; a recipe's own prompt is scaled by its
     characters."""
-    from video_grpo.configs import DEFAULT_PROMPT
+    from video_grpo.data.prompts import DEFAULT_PROMPT
 
     fixed = PROMPT_TEXT_TOKENS
     if prompt_template and prompt_template != DEFAULT_PROMPT:
@@ -106,11 +106,11 @@ def local_tokenizer(folder: str):
 def tokenizer_counts(
     tokenizer, family: ModelFamily, prompt_template: str, chat_template_kwargs: dict | None
 ) -> tuple[int, int]:
-    """(fixed, per pair) as ``tokenizer`` spells the prompt :func:`video_grpo.processing.encode_rows` builds: the
-    row's messages (:func:`video_grpo.data.build_prompt`) through the chat template, the family's video text, and
+    """(fixed, per pair) as ``tokenizer`` spells the prompt :func:`video_grpo.inputs.processing.encode_rows` builds: the
+    row's messages (:func:`video_grpo.data.dataset.build_prompt`) through the chat template, the family's video text, and
     each frame pair's time as the processor writes it. Counted on whole prompts of one and two pairs, so tokens that
     merge across a boundary are counted as the processor's tokenizer counts them."""
-    from video_grpo.data import build_prompt
+    from video_grpo.data.dataset import build_prompt
 
     messages = build_prompt(LONG_QUERY, PLANNED_SECONDS, prompt_template)
     text = tokenizer.apply_chat_template(
@@ -170,7 +170,7 @@ def text_around(
 ) -> TextAround:
     """The text around a recipe's video: counted with ``model``'s tokenizer and chat template when ``model`` is a
     local folder that has them, else from Qwen's measured counts (the module docstring says why and with what)."""
-    from video_grpo.configs import DEFAULT_PROMPT
+    from video_grpo.data.prompts import DEFAULT_PROMPT
 
     kwargs_json = json.dumps(chat_template_kwargs or {}, sort_keys=True)
     return _text_around(family, prompt_template or DEFAULT_PROMPT, model, kwargs_json)
@@ -184,7 +184,7 @@ def longest_text_around(
     chat_template_kwargs: dict | None = None,
 ) -> TextAround:
     """:func:`text_around` for the template whose prompt is longest at ``temporal_patches`` frame pairs: a recipe
-    with several training sources (``train_sources``, :mod:`video_grpo.sources`) writes each source's prompt with its
+    with several training sources (``train_sources``, :mod:`video_grpo.data.sources`) writes each source's prompt with its
     own template, and the plan must hold the longest."""
     arounds = [text_around(family, template, model, chat_template_kwargs) for template in templates or [None]]
     return max(arounds, key=lambda around: around.tokens(temporal_patches))

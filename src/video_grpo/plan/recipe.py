@@ -141,7 +141,7 @@ def plan_recipe(
 ) -> Plan:
     """The :class:`Plan` of a recipe file on a launch; ``overrides`` replace recipe fields (as command-line flags
     to ``video_grpo.grpo`` would)."""
-    from video_grpo.prefix import unforkable_layers
+    from video_grpo.inputs.prefix import unforkable_layers
 
     values = recipe_values(config)
     values.update(overrides or {})

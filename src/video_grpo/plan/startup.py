@@ -1,14 +1,14 @@
 """The plan of the run being started, logged in one line before the model loads: the planner's one entry point
 for the trainer (``video_grpo.grpo``). It also fits the run to its device (``auto_fit``,
 :mod:`video_grpo.plan.autofit`) and plans the step a run checks itself against (``plan_check``,
-:mod:`video_grpo.memory_check`)."""
+:mod:`video_grpo.runtime.memory_check`)."""
 
 from __future__ import annotations
 
 import functools
 import logging
 
-from video_grpo.launch_env import launch_from_environment
+from video_grpo.data.sources import prompt_templates
 from video_grpo.plan.autofit import FitResult, auto_fit
 from video_grpo.plan.loss_split import LossSettings
 from video_grpo.plan.model import load_model_config, read_model_shape
@@ -16,7 +16,7 @@ from video_grpo.plan.prompt_text import longest_text_around
 from video_grpo.plan.ranks import check_agreement, gather_devices
 from video_grpo.plan.recipe import GB, Plan, make_plan, resolve_gpu
 from video_grpo.plan.workload import decode_cache_positions, workload_from_recipe, worst_case_video
-from video_grpo.sources import prompt_templates
+from video_grpo.runtime.launch_env import launch_from_environment
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def startup_plan(script_args, training_args, model_args, gpu: dict | None = None
 
     import torch
 
-    from video_grpo.prefix import unforkable_layers
+    from video_grpo.inputs.prefix import unforkable_layers
 
     values = {}
     for arguments in (training_args, model_args, script_args):
@@ -146,13 +146,13 @@ def decode_cache_tokens(
     revision: str | None = None,
     chat_template_kwargs: dict | None = None,
 ) -> int | None:
-    """Positions of the compiled decoder's static cache (``video_grpo.decode``) for a recipe's script arguments:
+    """Positions of the compiled decoder's static cache (``video_grpo.rollout.decode``) for a recipe's script arguments:
     the longest prompt its video budget allows, as the planner counts it, with room for ``completion_tokens``
     (:func:`video_grpo.plan.workload.decode_cache_positions`). Reads the model's config.json, and its tokenizer when
     it is a local folder (:mod:`video_grpo.plan.prompt_text`), once per process, shared with the start-up plan.
     ``chat_template_kwargs``: the run's (GRPOConfig), which change the template's text. None, with a warning, when it
     cannot: the decoder then sizes its cache at its first call, and a planner error never stops a run."""
-    from video_grpo.families import detect_family
+    from video_grpo.inputs.families import detect_family
 
     try:
         config, _, _ = model_of_run(model_name_or_path, revision)

@@ -16,17 +16,17 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from video_grpo.families import ModelFamily
+from video_grpo.inputs.families import ModelFamily
 from video_grpo.plan.prompt_text import longest_text_around
 
 
 def decode_cache_positions(prompt_tokens: int, temporal_patches: int, completion_tokens: int) -> int:
-    """Length of the compiled decoder's static cache (``decode_compile``; ``video_grpo.decode``): the worst-case
+    """Length of the compiled decoder's static cache (``decode_compile``; ``video_grpo.rollout.decode``): the worst-case
     prompt, one more token per frame pair (the prompt is planned with each pair's time text under 100 s,
     :data:`video_grpo.plan.prompt_text.PLANNED_SECONDS`; one digit more covers videos up to 1000 s), and every
     answer token, rounded up as the decoder rounds (64). A prompt longer still makes the decoder reallocate the
     cache (one recompile, with a warning)."""
-    from video_grpo.decode import cache_length
+    from video_grpo.rollout.decode import cache_length
 
     return cache_length(prompt_tokens + temporal_patches + completion_tokens)
 
@@ -89,12 +89,12 @@ DECODE_PATHS = ("eager", "compiled", "compiled_cuda_graphs")
 
 
 def decode_path(work: Workload, device: str = "cuda") -> str:
-    """How this run decodes on ``device``, as the trainer decides (:func:`video_grpo.decode.decode_settings`):
+    """How this run decodes on ``device``, as the trainer decides (:func:`video_grpo.rollout.decode.decode_settings`):
     ``eager`` (a dynamic cache, a kernel launch per op), ``compiled`` (the static cache and fused kernels, allocated
     per generation call; under ZeRO-3 with ds3_gather_for_generation, whose gathered weights move) or
     ``compiled_cuda_graphs`` (``decode_cuda_graphs``: the step replayed as one graph; the static cache stays
     allocated all step)."""
-    from video_grpo.decode import decode_compile_on, decode_settings
+    from video_grpo.rollout.decode import decode_compile_on, decode_settings
 
     if not decode_compile_on(work.decode_compile, device):
         return "eager"
@@ -111,7 +111,7 @@ def worst_case_video(
 ) -> tuple[int, int, int]:
     """(visual tokens, temporal patches, tokens per frame pair) of the largest video the sampler allows.
 
-    The sampler (:func:`video_grpo.video.plan_sampling`) shrinks frames to fit ``max_tokens``, then drops frames;
+    The sampler (:func:`video_grpo.data.video.plan_sampling`) shrinks frames to fit ``max_tokens``, then drops frames;
     so a video has at most ``max_tokens`` tokens, and at most ``max_frames / 2`` pairs of ``max_pixels``."""
     per_token = family.pixels_per_token
     pairs = max(1, max_frames // family.temporal_patch)
@@ -178,9 +178,9 @@ def workload_from_recipe(
     """The :class:`Workload` of a recipe's values (:func:`recipe_values`) on a launch (:func:`accelerate_values`).
 
     ``stateful_text``: the model has sequence-state layers its family cannot fork after the prompt
-    (:func:`video_grpo.prefix.unforkable_layers`), where the shared prompt falls back to the plain forward; Qwen3.5's
-    Gated DeltaNet layers are forked (:mod:`video_grpo.state_fork`), so it shares."""
-    from video_grpo.decode import parse_cuda_graphs
+    (:func:`video_grpo.inputs.prefix.unforkable_layers`), where the shared prompt falls back to the plain forward; Qwen3.5's
+    Gated DeltaNet layers are forked (:mod:`video_grpo.inputs.state_fork`), so it shares."""
+    from video_grpo.rollout.decode import parse_cuda_graphs
 
     family = family.with_text_timestamps(bool(recipe.get("frame_timestamps_in_text")))
     visual, pairs, per_pair = worst_case_video(
@@ -198,8 +198,8 @@ def workload_from_recipe(
     dtype = "float32" if dtype in ("auto", None) else dtype
     mixed = (launch["mixed_precision"] or ("bf16" if recipe.get("bf16") else "no")) == "bf16"
     shared = recipe.get("shared_prefix") is not False and not stateful_text
-    from video_grpo.decode import parse_decode_compile
-    from video_grpo.sources import parse_train_sources, prompt_templates
+    from video_grpo.data.sources import parse_train_sources, prompt_templates
+    from video_grpo.rollout.decode import parse_decode_compile
 
     templates = prompt_templates(
         parse_train_sources(recipe.get("train_sources")),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from video_grpo.annotations import write_jsonl
+from video_grpo.data.annotations import write_jsonl
 
 COLOURS = {
     "red": (220, 40, 40),

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from video_grpo.families import FAMILIES
+from video_grpo.inputs.families import FAMILIES
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -110,7 +110,7 @@ QWEN3_5_CHAT_TEMPLATE = (
 @dataclass(frozen=True)
 class TinyBuilder:
     """What differs between the families when building a tiny model (their geometry and time encoding are in
-    :mod:`video_grpo.families`)."""
+    :mod:`video_grpo.inputs.families`)."""
 
     name: str
     model_class: str  # transformers class name
@@ -180,7 +180,7 @@ def get_builder(family: str) -> TinyBuilder:
 
 def _training_corpus() -> list[str]:
     """Text the BPE merges are learned from: prompts, answers, numbers."""
-    from video_grpo.configs import DEFAULT_PROMPT
+    from video_grpo.data.prompts import DEFAULT_PROMPT
 
     colours = ["red", "green", "blue", "yellow"]
     shapes = ["square", "circle"]

@@ -1,7 +1,7 @@
 """Turn grounding rows (prompt + sampled frames + metadata) into model inputs, for every model family.
 
 One function shared by training and evaluation, so both see the same tokens, pixels and time. What differs
-between Qwen2.5-VL, Qwen3-VL and Qwen3.5 comes from :mod:`video_grpo.families`.
+between Qwen2.5-VL, Qwen3-VL and Qwen3.5 comes from :mod:`video_grpo.inputs.families`.
 
 Video input policy: :func:`encode_rows` makes the video half of every forward once, on the CPU, and
 nothing changes it afterwards except its device.
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from video_grpo import positions
-from video_grpo.families import VIDEO_PAD, ModelFamily
+from video_grpo.inputs import positions
+from video_grpo.inputs.families import VIDEO_PAD, ModelFamily
 
 positions.install()  # every Qwen2.5-VL forward and generation uses the reference 3-D position layout
 
@@ -64,7 +64,7 @@ def encode_rows(
 
     Returns per-row ``prompt_ids`` (lists), ``video_pixels`` (a list of ``(patches, C)`` float32 tensors, shared
     by identical rows), ``video_grid_thw`` ``(B, 3)`` and the family's time inputs (Qwen2.5-VL:
-    ``second_per_grid_ts`` ``(B,)``). The frames were already sampled and sized by :mod:`video_grpo.video`, so
+    ``second_per_grid_ts`` ``(B,)``). The frames were already sampled and sized by :mod:`video_grpo.data.video`, so
     the processor neither resamples nor resizes them; time comes from the frames' real timestamps.
     """
     texts = processor.apply_chat_template(
@@ -120,7 +120,7 @@ def concat(tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tens
 
 def unique_videos(per_row: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
     """(each distinct tensor once, in first-seen order; the index of every row's tensor in that list). Rows of
-    one prompt share one pixel tensor (:func:`video_grpo.processing.encode_rows`), so identity finds them."""
+    one prompt share one pixel tensor (:func:`video_grpo.inputs.processing.encode_rows`), so identity finds them."""
     position: dict[int, int] = {}
     videos: list[torch.Tensor] = []
     index = []
@@ -174,7 +174,7 @@ def generation_inputs(
     """Left-padded ``generate`` kwargs for rows encoded by :func:`encode_rows`.
 
     ``one_copy_per_video``: ``pixel_values_videos`` holds each distinct video once, and ``video_index`` says
-    which one each row shows (the form :func:`video_grpo.prefill.generate` takes), instead of one copy per row."""
+    which one each row shows (the form :func:`video_grpo.rollout.prefill.generate` takes), instead of one copy per row."""
     prompts = [torch.tensor(ids) for ids in encoded["prompt_ids"]]
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)

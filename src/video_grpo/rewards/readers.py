@@ -3,10 +3,10 @@
 A policy that explores writes answers in many forms: JSON with or without tags, prose ranges, clock times, two
 answer blocks, a reversed pair. Recipes disagree on what such an answer says, and the reward a preset trains
 with is only the authors' reward if it reads every form the way their code does. Each reader below follows one
-code base, named with the commit it was read at; the rewards (:mod:`video_grpo.rewards`, parameter ``reader``)
+code base, named with the commit it was read at; the rewards (:mod:`video_grpo.rewards.functions`, parameter ``reader``)
 and the evaluation scorings (:mod:`video_grpo.evaluate`) call them.
 
-- ``ours`` (:mod:`video_grpo.answers`): the last ``<answer>`` block; ``S to E`` or JSON pairs; reversed,
+- ``ours`` (:mod:`video_grpo.rewards.answers`): the last ``<answer>`` block; ``S to E`` or JSON pairs; reversed,
   negative or absurd values are unparsable; spans are clipped to the video for rewards.
 - ``timelens2`` (MCG-NJU/TimeLens2 at f07353b, ``grpo/timelens/rewards/metrics.py`` ``extract_answer`` and
   ``extract_time``, ``funcs.py`` ``_intervals_from_text``): the answer is the first ``<thinking>``-then-
@@ -44,7 +44,7 @@ def check_reader(reader: str, allowed: tuple[str, ...], reward: str) -> None:
     if reader not in allowed:
         raise ValueError(
             f"reward {reward!r}: reader {reader!r} is not one of {list(allowed)} "
-            f"(readers: {list(READERS)}; see video_grpo.readers)"
+            f"(readers: {list(READERS)}; see video_grpo.rewards.readers)"
         )
 
 

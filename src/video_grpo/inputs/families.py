@@ -7,7 +7,7 @@ The trainer, data, encoder, evaluation and benchmark code ask the family instead
 - **Frame size and token cost.** A visual token covers ``size_multiple`` x ``size_multiple`` pixels of a pair
   of frames: 28 x 28 for Qwen2.5-VL (14-px patches merged 2 x 2), 32 x 32 for Qwen3-VL and Qwen3.5 (16-px).
 - **How time reaches the model.** Qwen2.5-VL: ``second_per_grid_ts`` scales the temporal rotary positions
-  (:mod:`video_grpo.positions` fixes their layout in transformers 5.24). Qwen3-VL / Qwen3.5: the processor
+  (:mod:`video_grpo.inputs.positions` fixes their layout in transformers 5.24). Qwen3-VL / Qwen3.5: the processor
   writes ``<t seconds>`` before each temporal patch, the mean time of its two frames; we hand it the sampled
   frames' real timestamps, so variable-frame-rate files read right too.
 - **Textual timestamps on Qwen2.5-VL** (``frame_timestamps_in_text``, TimeLens-7B):
@@ -17,19 +17,19 @@ The trainer, data, encoder, evaluation and benchmark code ask the family instead
   sampling timestamp"; their ``TimeLensProcessor`` (``processing_timelens.py`` on the TimeLens-7B model card) is
   transformers 4.57.1's Qwen2.5-VL processor modified for this. Its body is not in the stored sources we could
   read, so the exact text is Qwen3-VL's, which TimeLens-8B uses. Each patch is then its own vision block, which
-  :mod:`video_grpo.positions` lays out as a one-patch grid (as for Qwen3-VL); the vision tower's features do not
+  :mod:`video_grpo.inputs.positions` lays out as a one-patch grid (as for Qwen3-VL); the vision tower's features do not
   change (Qwen2.5-VL's vision attention never crosses a temporal patch).
 - **The prompt text.** transformers 5.24's ``Qwen3VLProcessor`` expands only ``<|video_pad|>``, which leaves the
   chat template's ``<|vision_start|>`` / ``<|vision_end|>`` around the whole expanded video, one pair more than
   Qwen's reference processor and vLLM write; :meth:`ModelFamily.prompt_text` removes that pair first.
 - **Layers that carry a state along the sequence.** Qwen3.5's Gated DeltaNet (``linear_attention``) layers;
-  ``forkable_state`` names the layer types whose state :mod:`video_grpo.state_fork` can fork after a shared
+  ``forkable_state`` names the layer types whose state :mod:`video_grpo.inputs.state_fork` can fork after a shared
   prompt, so packed forwards and one prefill per prompt stay exact.
 - **Layers a compiled decode step may not trace as one graph.** On CUDA, transformers runs Qwen3.5's Gated DeltaNet
   through hub kernels where they are installed; ``kernel_layers`` names them, and the decode step is then compiled
-  with graph breaks allowed (:func:`video_grpo.decode.step_fullgraph`).
+  with graph breaks allowed (:func:`video_grpo.rollout.decode.step_fullgraph`).
 - **What the vision encoder returns.** Qwen3-VL adds DeepStack features (one level per early text layer) to
-  ``pooler_output``; :mod:`video_grpo.encoder` keeps each video's ``(pooler, *deepstack)`` together.
+  ``pooler_output``; :mod:`video_grpo.inputs.encoder` keeps each video's ``(pooler, *deepstack)`` together.
 
 Placeholder ids (``image_token_id``, ``video_token_id``, ``vision_start_token_id``, ``vision_end_token_id``) and
 ``mm_token_type_ids`` (2 on video placeholders) read the same in every family's config.
@@ -56,11 +56,11 @@ class ModelFamily:
     deepstack: bool = False  # the vision tower also returns deepstack_features
     spatial_merge: int = 2  # patches merged per side into one language-model token
     temporal_patch: int = 2  # frames per temporal patch
-    # layer types carrying a sequence state that video_grpo.state_fork forks after a shared prompt
+    # layer types carrying a sequence state that video_grpo.inputs.state_fork forks after a shared prompt
     forkable_state: tuple[str, ...] = ()
     text_timestamps: bool = False  # Qwen2.5-VL only: we write "<t seconds>" per temporal patch (TimeLens-7B)
     # layer types that transformers may run through hub kernels on CUDA, which a compiled decode step may not trace
-    # as one graph (video_grpo.decode.step_fullgraph)
+    # as one graph (video_grpo.rollout.decode.step_fullgraph)
     kernel_layers: tuple[str, ...] = ()
 
     @property
@@ -126,7 +126,7 @@ class ModelFamily:
         return prompt_ids[:start] + block + prompt_ids[end + 1 :]
 
     def processor_metadata(self, metadata: dict) -> dict:
-        """The processor's ``video_metadata`` entry for a sampled video (:func:`video_grpo.video.read_video`).
+        """The processor's ``video_metadata`` entry for a sampled video (:func:`video_grpo.data.video.read_video`).
 
         Qwen3: the processor times frame i as ``frames_indices[i] / fps``; VideoMetadata has no timestamps field,
         so the real presentation times go in as indices with fps 1."""
@@ -140,7 +140,7 @@ class ModelFamily:
         mean spacing, not the processor's frames / fps estimate, which is wrong for variable-frame-rate files."""
         if self.time_in_text:
             return {}
-        from video_grpo.video import frame_spacing
+        from video_grpo.data.video import frame_spacing
 
         seconds = [self.temporal_patch * frame_spacing(metadata) for metadata in metadatas]
         return {"second_per_grid_ts": torch.tensor(seconds, dtype=torch.float32)}

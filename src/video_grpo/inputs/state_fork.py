@@ -1,6 +1,6 @@
 """Shared-prefix forwards for Gated DeltaNet layers (Qwen3.5): run the prompt once, fork its state to each answer.
 
-A packed row (:mod:`video_grpo.prefix`) is ``[stem | segment 1 | segment 2 | ... | padding]``. Attention layers
+A packed row (:mod:`video_grpo.inputs.prefix`) is ``[stem | segment 1 | segment 2 | ... | padding]``. Attention layers
 keep the segments apart with the 4-D mask. A Gated DeltaNet layer has no mask: it carries a recurrent state
 ``S`` (``[heads, k_dim, v_dim]``) and a causal convolution over its last ``kernel - 1`` inputs along the row, so
 segment 2 would read segment 1 through them. But a layer's output on an answer token depends on the prompt only
@@ -33,7 +33,7 @@ transformers' pure-torch kernels (CPU, tests) and with the kernels GPU users get
   initial state; prepending them is equivalent and needs no kernel-specific argument.
 
 :func:`install` wraps ``Qwen3_5GatedDeltaNet.forward`` once per process. The wrapper runs the original forward
-unless the call carries ``state_fork=<StateFork>`` (which :func:`video_grpo.prefix.pack_rows` puts in a packed
+unless the call carries ``state_fork=<StateFork>`` (which :func:`video_grpo.inputs.prefix.pack_rows` puts in a packed
 forward's model inputs). It travels as a keyword argument, so gradient checkpointing replays it with the layer.
 """
 
@@ -66,7 +66,7 @@ class StateFork:
 
 def layout(segments: torch.Tensor) -> StateFork:
     """From per-position segment ids ``(rows, width)`` (-1 stem, >= 0 answer, -2 padding; the stem first, then
-    the answers in order, as :func:`video_grpo.prefix.pack_rows` lays them out)."""
+    the answers in order, as :func:`video_grpo.inputs.prefix.pack_rows` lays them out)."""
     rows, width = segments.shape
     stems, spans = [], []
     for row in range(rows):

@@ -6,7 +6,7 @@ counted over the whole gathered batch (a group may span two ranks), and it goes 
 log-probability and loss computations as the sampled ones; only its tokens come from the annotation.
 
 ``advantage_shaping: tempsamp`` reshapes the accuracy reward (the first entry of ``reward_funcs``, an IoU in
-every shipped recipe) with the paper's Eq. 4 (:func:`video_grpo.grpo_math.tempsamp_shape`) before TRL's group
+every shipped recipe) with the paper's Eq. 4 (:func:`video_grpo.loss.grpo_math.tempsamp_shape`) before TRL's group
 normalisation; the other rewards (format ...) are added unshaped with their weights. Without it the guided
 answer's IoU of 1 lifts the group mean above every sampled answer, good ones included.
 """
@@ -16,9 +16,8 @@ from __future__ import annotations
 import pyarrow.compute as pc
 import torch
 
-from video_grpo.answers import render_solution
-from video_grpo.configs import ANSWER_DECIMALS
-from video_grpo.grpo_math import TEMPSAMP_TAU, shaped_advantages, tempsamp_shape
+from video_grpo.loss.grpo_math import TEMPSAMP_TAU, shaped_advantages, tempsamp_shape
+from video_grpo.rewards.answers import ANSWER_DECIMALS, render_solution
 
 
 def guided_mask(process_index: int, local_rows: int, group_size: int) -> list[bool]:
@@ -59,7 +58,7 @@ def check_guided_template(template: str, dataset, where: dict[str | None, str]) 
         f"gt_guidance: answer_template {template!r} writes one span ({{start}}/{{end}}), but {where[source]} has "
         f"queries with several spans (the first: {query_id}, {lengths[first].as_py()} spans), and the guided answer "
         "must write all of them. Set answer_template to one with {spans} (every span as [[S, E], ...]), e.g. "
-        "video_grpo.answers.JSON_ANSWER_TEMPLATE, or set gt_guidance: false."
+        "video_grpo.rewards.answers.JSON_ANSWER_TEMPLATE, or set gt_guidance: false."
     )
 
 

@@ -1,6 +1,6 @@
 """Reading annotation files: JSON and JSON-lines with errors that name the file, the line and the field.
 
-The primitives every reader in :mod:`video_grpo.annotations` and :mod:`video_grpo.timelens_annotations` shares,
+The primitives every reader in :mod:`video_grpo.data.annotations` and :mod:`video_grpo.data.timelens_annotations` shares,
 kept apart so that both can use them without importing each other.
 """
 

@@ -3,7 +3,7 @@
 After the first optimizer step (the first after which the optimizer's states exist, as the plan assumes of every
 step), the next step is measured until it has shown each phase: generation, the old-policy and reference
 forwards, the loss forward and backward, the optimizer step. Each phase's peak is measured from its start, in live
-tensor bytes (:mod:`video_grpo.memory_meters`): on CUDA the allocator's count, free; on the CPU a count by storage
+tensor bytes (:mod:`video_grpo.runtime.memory_meters`): on CUDA the allocator's count, free; on the CPU a count by storage
 that sees every operator and so slows the measured step (``plan_check: true`` turns it on; off by default there).
 
 The ratios (planned / measured) are logged and written to ``output_dir/plan_check.json``; when one is outside
@@ -35,7 +35,7 @@ from collections.abc import Callable
 import torch
 from transformers import TrainerCallback
 
-from video_grpo.memory_meters import CudaPeaks, LivePeaks, tensors_in
+from video_grpo.runtime.memory_meters import CudaPeaks, LivePeaks, tensors_in
 
 logger = logging.getLogger(__name__)
 

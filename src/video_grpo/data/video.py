@@ -6,10 +6,10 @@ We decode with decord directly instead of through qwen-vl-utils' ``fetch_video``
 
 The sampler returns frames already resized to the model family's size multiple (28 pixels for Qwen2.5-VL, 32
 for Qwen3-VL and Qwen3.5), plus the metadata the model's time comes from: the sampled frames' indices and real
-presentation timestamps (:mod:`video_grpo.families` turns them into ``second_per_grid_ts`` or ``<t seconds>``
+presentation timestamps (:mod:`video_grpo.inputs.families` turns them into ``second_per_grid_ts`` or ``<t seconds>``
 text). Without them the processor assumes 24 fps and collapses the model's sense of time.
 
-Stored frames (``python -m video_grpo.preprocess``) are :mod:`video_grpo.frame_cache`'s.
+Stored frames (``python -m video_grpo.preprocess``) are :mod:`video_grpo.data.frame_cache`'s.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class VideoReadError(RuntimeError):
 @dataclass(frozen=True)
 class SamplingConfig:
     """How frames are taken from a video. Mirrors the video_* fields of GRPOScriptArguments, plus the model
-    family's frame geometry (:meth:`from_args` takes it from a :class:`~video_grpo.families.ModelFamily`)."""
+    family's frame geometry (:meth:`from_args` takes it from a :class:`~video_grpo.inputs.families.ModelFamily`)."""
 
     fps: float = 2.0
     min_frames: int = 4

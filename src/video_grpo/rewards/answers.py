@@ -1,7 +1,7 @@
 """Reading spans out of model answers, and writing answers from annotated spans.
 
-Shared by the rewards (:mod:`video_grpo.rewards`), evaluation (:mod:`video_grpo.evaluate`), the SFT target
-(:mod:`video_grpo.sft`) and ground-truth-guided answers (:mod:`video_grpo.guidance`), so that every part of the
+Shared by the rewards (:mod:`video_grpo.rewards.functions`), evaluation (:mod:`video_grpo.evaluate`), the SFT target
+(:mod:`video_grpo.sft`) and ground-truth-guided answers (:mod:`video_grpo.loss.guidance`), so that every part of the
 recipe reads and writes an answer the same way.
 
 Two span forms are read, alone or mixed:
@@ -27,6 +27,11 @@ import re
 from collections.abc import Sequence
 
 MAX_SECONDS = 1e6
+
+# Decimal places of {start}/{end} in every answer written from an annotation: the cold-start SFT target
+# (video_grpo.sft) and the gt_guidance answer (video_grpo.loss.guidance). One value, so that the guided answer is
+# written the way the cold start taught the policy to write.
+ANSWER_DECIMALS = 1
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 
 # Bounded digit runs keep matching linear and reject absurd magnitudes early.
@@ -73,7 +78,7 @@ def render_answer(
     TimeLens2's JSON form, ``[[S, E], ...]``; ``spans`` defaults to the one span ``(start, end)``) and
     ``{sentence}`` filled in.
 
-    The SFT target and gt_guidance's guided answer both use ``configs.ANSWER_DECIMALS`` (1), so a guided answer
+    The SFT target and gt_guidance's guided answer both use ``ANSWER_DECIMALS`` (1), so a guided answer
     is written the way the policy writes its own answers."""
     spans = [(start, end)] if spans is None else spans
     pairs = ", ".join(f"[{float(s):.{decimals}f}, {float(e):.{decimals}f}]" for s, e in spans)
@@ -95,7 +100,7 @@ def render_solution(template: str, solution, sentence: str = "", decimals: int =
         raise ValueError(
             f"answer_template {template!r} writes one span ({{start}}/{{end}}) but the solution has "
             f"{len(spans)}: {solution!r}. Use {{spans}} (all spans as [[S, E], ...]), e.g. "
-            "video_grpo.answers.JSON_ANSWER_TEMPLATE."
+            "video_grpo.rewards.answers.JSON_ANSWER_TEMPLATE."
         )
     return render_answer(template, spans[0][0], spans[-1][1], sentence, decimals=decimals, spans=spans)
 

@@ -5,11 +5,11 @@ where each dataset column (``solution``, ``duration``, ...) arrives as a per-sam
 either strings or conversational ``[{"role": "assistant", "content": ...}]`` lists. They never raise on
 model output and always return one float per completion.
 
-How an answer is read is the ``reader`` of a span reward (:mod:`video_grpo.readers`; ``reward_kwargs:
+How an answer is read is the ``reader`` of a span reward (:mod:`video_grpo.rewards.readers`; ``reward_kwargs:
 {iou: {reader: time_r1}}``), so that a preset that follows a published recipe scores every answer form as its
 authors' code does (tests/test_authors_rewards.py):
 
-- ``ours`` (:mod:`video_grpo.answers`, shared with evaluation): the last ``<answer>`` block counts, and in it
+- ``ours`` (:mod:`video_grpo.rewards.answers`, shared with evaluation): the last ``<answer>`` block counts, and in it
   ``S to E`` spans or the JSON ``[[S, E], ...]``. S > E, negative values and values above 10^6 s are unparsable
   and score 0. Predicted spans are then clipped to ``[0, duration]`` when the duration is known; true spans are
   used as given. The default of ``iou``, ``iou_dist`` and ``format``.
@@ -24,7 +24,7 @@ Multi-span answers (``multi_span_iou``): every span in the last answer block (``
 intervals, and the reward is |pred ∩ true| / |pred ∪ true| measured in seconds. Overlapping predictions
 therefore cannot earn double credit, and one long span covering every true window is penalised by the union.
 
-``twass`` (:func:`video_grpo.span_sets.twass_score`) is exp(-beta * W1 / L) of every answered span against every
+``twass`` (:func:`video_grpo.rewards.span_sets.twass_score`) is exp(-beta * W1 / L) of every answered span against every
 true span, L the merged true length (TimeLens2 since f07353b; ``normalizer: union`` is their earlier form). Unlike
 IoU it is above 0 for a miss and falls with the miss's distance, so a group of answers that all miss still gets an
 ordering. Built-in rewards' parameters are checked when the recipe is parsed (:func:`check_params`).
@@ -39,7 +39,7 @@ import math
 import re
 from collections.abc import Callable
 
-from video_grpo.answers import (  # noqa: F401  (re-exported: the rewards' public parsing API)
+from video_grpo.rewards.answers import (  # noqa: F401  (re-exported: the rewards' public parsing API)
     ANSWER_CLOSE,
     ANSWER_ONLY_TEMPLATE,
     ANSWER_OPEN,
@@ -57,7 +57,7 @@ from video_grpo.answers import (  # noqa: F401  (re-exported: the rewards' publi
     render_solution,
     solution_spans,
 )
-from video_grpo.readers import (
+from video_grpo.rewards.readers import (
     check_reader,
     plain_iou,
     time_r1_format,
@@ -70,7 +70,7 @@ from video_grpo.readers import (
     timelens_first_span,
     timelens_format,
 )
-from video_grpo.span_sets import NORMALIZERS, twass_score, union_iou  # noqa: F401  (re-exported)
+from video_grpo.rewards.span_sets import NORMALIZERS, twass_score, union_iou  # noqa: F401  (re-exported)
 
 _FORMAT_RE = re.compile(
     r"\A\s*<think>(?:(?!</?think>|</?answer>).)*</think>\s*<answer>((?:(?!</?think>|</?answer>).)*)</answer>\s*\Z",
@@ -116,7 +116,7 @@ def _span_iou_rewards(
 
 
 def _authors_iou(reader: str, completion, gt) -> float:
-    """A one-span IoU as the recipe of ``reader`` computes it: its own span, unclipped (video_grpo.readers)."""
+    """A one-span IoU as the recipe of ``reader`` computes it: its own span, unclipped (video_grpo.rewards.readers)."""
     text = completion_text(completion)
     windows = solution_spans(gt)
     if reader == "time_r1":
@@ -129,7 +129,7 @@ def _authors_iou(reader: str, completion, gt) -> float:
 def iou_reward(completions: list, solution: list, reader: str = "ours", **kwargs) -> list[float]:
     """Temporal IoU of the answered span with ``solution`` (one span, or a list scored as a set); 0 if unparsable.
 
-    ``reader`` (video_grpo.readers): ``ours`` (the last span of the last ``<answer>`` block, clipped to the
+    ``reader`` (video_grpo.rewards.readers): ``ours`` (the last span of the last ``<answer>`` block, clipped to the
     video), ``time_r1`` (Time-R1's and TimeZero's ``iou``: the last ``S to E``/``S and E`` of the last block, as
     written, unclipped) or ``timelens`` (TimeLens's ``tiou``: the first pair, unclipped)."""
     if reader == "ours":
@@ -207,7 +207,7 @@ def _span_set_rewards(
 def _timelens2_set_rewards(
     completions: list, solution: list, score: Callable[[list, list], float]
 ) -> list[float]:
-    """``score(answered spans, true spans)`` with TimeLens2's reading (video_grpo.readers.timelens2_spans):
+    """``score(answered spans, true spans)`` with TimeLens2's reading (video_grpo.rewards.readers.timelens2_spans):
     nothing clipped, 0 when the answer gives no valid span set."""
     rewards = []
     for completion, gt in zip(completions, solution, strict=True):
@@ -262,7 +262,7 @@ def tiou_reward(completions: list, solution: list, reader: str = "timelens2", **
 
 def parse_penalty_reward(completions: list, reader: str = "timelens2", **kwargs) -> list[float]:
     """0 when the answer gives a span set, -1 when it does not, read by ``reader`` (``timelens2``, the default,
-    or ``ours``: :func:`video_grpo.answers.parse_answer_spans`)."""
+    or ``ours``: :func:`video_grpo.rewards.answers.parse_answer_spans`)."""
     read = parse_answer_spans if reader == "ours" else (lambda c: timelens2_spans(completion_text(c)))
     return [0.0 if read(completion) is not None else -1.0 for completion in completions]
 
@@ -329,7 +329,7 @@ REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
     "parse_penalty": parse_penalty_reward,
 }
 
-# The readers each built-in reward defines (video_grpo.readers), its default first.
+# The readers each built-in reward defines (video_grpo.rewards.readers), its default first.
 REWARD_READERS: dict[str, tuple[str, ...]] = {
     "iou": ("ours", "time_r1", "timelens"),
     "iou_answer_only": ("timelens", "ours"),
@@ -340,7 +340,7 @@ REWARD_READERS: dict[str, tuple[str, ...]] = {
     "parse_penalty": ("timelens2", "ours"),
 }
 # The rewards that read every span of an answer: their reader is the one evaluation's and curation's "set" scoring
-# use for the recipe (video_grpo.rewards.recipe_reader).
+# use for the recipe (video_grpo.rewards.functions.recipe_reader).
 SET_REWARDS = ("tiou", "twass", "parse_penalty")
 
 
@@ -408,6 +408,43 @@ def bind_params(func: Callable, params: dict) -> Callable:
     return functools.update_wrapper(bound, func)
 
 
+# Where the flat modules of video_grpo 0.1 went when the package was grouped by stage (docs/internals.md), so a
+# recipe written before that, naming a plug-in as ``video_grpo.span_sets:twass_score``, still loads.
+MOVED_MODULES = {
+    "video_grpo.data": "video_grpo.data.dataset",
+    "video_grpo.annotations": "video_grpo.data.annotations",
+    "video_grpo.annotation_files": "video_grpo.data.annotation_files",
+    "video_grpo.timelens_annotations": "video_grpo.data.timelens_annotations",
+    "video_grpo.sources": "video_grpo.data.sources",
+    "video_grpo.video": "video_grpo.data.video",
+    "video_grpo.frame_cache": "video_grpo.data.frame_cache",
+    "video_grpo.difficulty_draw": "video_grpo.data.difficulty_draw",
+    "video_grpo.sample_weights": "video_grpo.data.sample_weights",
+    "video_grpo.families": "video_grpo.inputs.families",
+    "video_grpo.processing": "video_grpo.inputs.processing",
+    "video_grpo.positions": "video_grpo.inputs.positions",
+    "video_grpo.encoder": "video_grpo.inputs.encoder",
+    "video_grpo.prefix": "video_grpo.inputs.prefix",
+    "video_grpo.prefill": "video_grpo.rollout.prefill",
+    "video_grpo.decode": "video_grpo.rollout.decode",
+    "video_grpo.static_cache": "video_grpo.rollout.static_cache",
+    "video_grpo.state_fork": "video_grpo.inputs.state_fork",
+    "video_grpo.answers": "video_grpo.rewards.answers",
+    "video_grpo.readers": "video_grpo.rewards.readers",
+    "video_grpo.span_sets": "video_grpo.rewards.span_sets",
+    "video_grpo.span_scoring": "video_grpo.rewards.span_scoring",
+    "video_grpo.grpo_math": "video_grpo.loss.grpo_math",
+    "video_grpo.guidance": "video_grpo.loss.guidance",
+    "video_grpo.distributed": "video_grpo.runtime.distributed",
+    "video_grpo.launch_env": "video_grpo.runtime.launch_env",
+    "video_grpo.checkpoints": "video_grpo.runtime.checkpoints",
+    "video_grpo.checkpointing": "video_grpo.runtime.checkpointing",
+    "video_grpo.memory_check": "video_grpo.runtime.memory_check",
+    "video_grpo.memory_meters": "video_grpo.runtime.memory_meters",
+    "video_grpo.plan.live_memory": "video_grpo.runtime.live_memory",
+}
+
+
 def resolve_reward_funcs(names: list[str], params: dict[str, dict] | None = None) -> list[Callable]:
     """Map registry names or ``package.module:function`` paths to callables, with parameters from ``params``
     (keyed by the same name) bound as keyword arguments.
@@ -430,6 +467,7 @@ def resolve_reward_funcs(names: list[str], params: dict[str, dict] | None = None
                 "or give a plug-in as 'package.module:function'."
             )
         module_name, _, attr = name.partition(":")
+        module_name = MOVED_MODULES.get(module_name, module_name)
         try:
             func = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as err:

@@ -10,7 +10,7 @@ with a 4-D attention mask: the stem attends causally to itself, and each segment
 causally to itself, never to another segment. A segment starts with a copy of the prompt's last token, at that
 token's position, so its hidden state is the one that predicts the answer's first token in the plain row; the
 other prompt tokens are processed once. Positions come from the model's own ``get_rope_index`` on the unpadded
-prompt (for Qwen2.5-VL that is :mod:`video_grpo.positions`' reference layout), and each answer continues from
+prompt (for Qwen2.5-VL that is :mod:`video_grpo.inputs.positions`' reference layout), and each answer continues from
 the prompt's last position, exactly as generation continues. The video's pixels appear once per packed row.
 
 Scoring uses TRL's fused LM head with pre-shifted ``shift_labels``: a segment's token ``j`` is labelled with
@@ -20,7 +20,7 @@ completion_length)`` layout, with zeros where the completion mask is zero, as th
 Exact for attention layers: every answer token sees exactly the keys and positions it sees in its own row.
 Layers that carry a state along the sequence (Qwen3.5's Gated DeltaNet) would let segment 2 read segment 1
 through it; for the layer types the family lists in ``forkable_state``, the packed inputs carry a
-:class:`video_grpo.state_fork.StateFork` (``state_fork=``), and those layers run the stem once and start each
+:class:`video_grpo.inputs.state_fork.StateFork` (``state_fork=``), and those layers run the stem once and start each
 segment from a copy of its final state. Any other stateful layer type is refused by :func:`unsupported_reason`,
 and the trainer refuses or falls back. Rows whose layout is not "left-padded prompt, right-padded completion"
 are returned as ``None`` so the caller runs them the plain way.
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from video_grpo.processing import TIME_INPUTS, concat, video_token_types
+from video_grpo.inputs.processing import TIME_INPUTS, concat, video_token_types
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # take a custom 4-D mask as it is
 
@@ -47,14 +47,14 @@ def stateful_layers(config) -> list[str]:
 
 
 def forkable_state(config) -> bool:
-    """Whether the model has stateful layers and its family forks all of them (:mod:`video_grpo.state_fork`)."""
+    """Whether the model has stateful layers and its family forks all of them (:mod:`video_grpo.inputs.state_fork`)."""
     stateful = stateful_layers(config)
     return bool(stateful) and not unforkable_layers(config)
 
 
 def unforkable_layers(config) -> list[str]:
     """Stateful layer types the model's family cannot fork after a shared prompt."""
-    from video_grpo.families import detect_family
+    from video_grpo.inputs.families import detect_family
 
     try:
         forkable = set(detect_family(config).forkable_state)
@@ -69,7 +69,7 @@ def unsupported_reason(config, attn_implementation: str | None = None) -> str | 
     if stateful:
         return (
             f"{config.model_type} has {stateful} layers, which carry a state along the sequence, and "
-            "video_grpo.state_fork cannot fork it, so in a packed row one answer would read another through it"
+            "video_grpo.inputs.state_fork cannot fork it, so in a packed row one answer would read another through it"
         )
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     if "sliding_attention" in (getattr(text_config, "layer_types", None) or []):
@@ -246,7 +246,7 @@ def pack_rows(
         "mm_token_type_ids": video_token_types(packed_ids, video_token_id).to(device),
     }
     if fork_state:
-        from video_grpo import state_fork
+        from video_grpo.inputs import state_fork
 
         state_fork.install()
         model_inputs["state_fork"] = state_fork.layout(packed_segments).to(device)

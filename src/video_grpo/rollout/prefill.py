@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from video_grpo.decode import CompiledDecodeFailed, CompiledDecoder
-from video_grpo.prefix import group_rows
-from video_grpo.processing import TIME_INPUTS, concat
+from video_grpo.inputs.prefix import group_rows
+from video_grpo.inputs.processing import TIME_INPUTS, concat
+from video_grpo.rollout.decode import CompiledDecodeFailed, CompiledDecoder
 
 
 def language_backbone(model):
@@ -44,7 +44,7 @@ def select_cache_rows(cache, index: torch.Tensor) -> None:
     A layer it cannot select (a ``StaticLayer``: fixed-size tensors, no ``batch_select_indices``) is an error:
     skipping it would leave that layer with the wrong rows, and decoding would fail later, far from the cause
     (``index_copy_(): Source/destination tensor must have same slice shapes``). A static cache is filled by
-    copying rows into it instead (:mod:`video_grpo.decode`)."""
+    copying rows into it instead (:mod:`video_grpo.rollout.decode`)."""
     from transformers.cache_utils import LinearAttentionCacheLayerMixin, StaticLayer
 
     for number, layer in enumerate(cache.layers):
@@ -52,7 +52,7 @@ def select_cache_rows(cache, index: torch.Tensor) -> None:
         if isinstance(layer, StaticLayer) or not (linear or hasattr(layer, "batch_select_indices")):
             raise TypeError(
                 f"select_cache_rows: cannot select rows of cache layer {number} ({type(layer).__name__}); "
-                "a static layer is filled by copying rows into it (video_grpo.decode.CompiledDecoder.fill)."
+                "a static layer is filled by copying rows into it (video_grpo.rollout.decode.CompiledDecoder.fill)."
             )
         if linear:
             LinearAttentionCacheLayerMixin.reorder_cache(layer, index)
@@ -99,15 +99,15 @@ def generate(
     :func:`_generate`, whose signature names them).
 
     ``video_index``: if given, ``pixel_values_videos`` holds each distinct video once (see
-    :func:`video_grpo.processing.unique_videos`) and row ``r`` shows video ``video_index[r]``, so no row's copy of
+    :func:`video_grpo.inputs.processing.unique_videos`) and row ``r`` shows video ``video_index[r]``, so no row's copy of
     the pixels is made; ``video_grid_thw`` and the time inputs stay per row. Otherwise it holds one video per row.
 
-    ``decoder``: decode from its static cache with its compiled step (:mod:`video_grpo.decode`). If the compiled
-    path fails at any step (:class:`~video_grpo.decode.CompiledDecodeFailed`: a compile or capture error, a
+    ``decoder``: decode from its static cache with its compiled step (:mod:`video_grpo.rollout.decode`). If the compiled
+    path fails at any step (:class:`~video_grpo.rollout.decode.CompiledDecodeFailed`: a compile or capture error, a
     recompile storm), a ``decode_compile: true`` decoder stops the run with a clear error; otherwise the decoder
     turns itself off with one warning and the call is made again on the plain path, from the random state the
     failed call started from. Every other error (the prefill's, sampling's, an out-of-memory, device or collective
-    error: :func:`~video_grpo.decode.must_propagate`) propagates as it is.
+    error: :func:`~video_grpo.rollout.decode.must_propagate`) propagates as it is.
     ``share=False`` prefills every row itself (``shared_prefix: false`` with ``decode_compile`` on: the same forwards
     as plain ``generate``'s prefill, into a cache the decoder copies)."""
     if decoder is None or not decoder.enabled:

@@ -78,7 +78,7 @@ def read_mean_rewards(path: str | Path, field: str = "mean_iou") -> dict[str, fl
     """``id -> field`` from a per-query JSONL (curate's ``per_query.jsonl``); a line whose ``k`` (answers scored) is
     below 2 gives 0, as TimeLens2 counts a query with fewer than two rollouts. Errors name the file, line and the
     recipe field to fix."""
-    from video_grpo.annotations import iter_jsonl_objects
+    from video_grpo.data.annotations import iter_jsonl_objects
 
     means: dict[str, float] = {}
     for _, where, record in iter_jsonl_objects(path, ValueError):

@@ -20,7 +20,7 @@ what a rank's cache happens to hold. It never does:
   trainer then puts the hook in :meth:`serving` mode for every later forward of that batch (old policy,
   reference, loss): there the encoder never runs, and a video missing from the cache is an error, not a
   silent extra encoder call on one rank. Cache hits are exact: the video inputs are bit-identical across
-  the forwards of a batch (see the policy in :mod:`video_grpo.processing`).
+  the forwards of a batch (see the policy in :mod:`video_grpo.inputs.processing`).
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def install(model, reuse_across_calls: bool = False, share_cache_with: VideoEnco
     """Install on a model of any supported family (or a PEFT wrapper of one); returns the encoder hook.
 
     ``share_cache_with``: a reference model whose frozen tower equals the policy's reuses the policy's cache."""
-    from video_grpo.families import detect_family
+    from video_grpo.inputs.families import detect_family
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     hook = VideoEncoderOnce(base.model, reuse_across_calls, deepstack=detect_family(base.config).deepstack)

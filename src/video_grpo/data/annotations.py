@@ -1,6 +1,6 @@
 """Annotation formats for temporal grounding, read into one record shape, with a stated validation policy.
 
-Record shape (what :mod:`video_grpo.data` builds datasets from)::
+Record shape (what :mod:`video_grpo.data.dataset` builds datasets from)::
 
     {"id", "video" (path), "duration", "solution" ([s, e] or [[s, e], ...]), "solution_raw", "sentence"}
 
@@ -16,7 +16,7 @@ Formats (``dataset_format``; auto-detected when unset):
   JSON and ActivityNet Captions (whose sentences often start with a space: all sentences are stripped);
 - ``qvhighlights``: QVHighlights JSONL, several ``relevant_windows`` per query;
 - ``timelens_100k``, ``timelens_bench``, ``timelens2_93k``: the TimeLens family (TimeLens-100K, TimeLens-Bench,
-  TimeLens2-93K's raw annotations), read by :mod:`video_grpo.timelens_annotations`. TimeLens2-93K has no
+  TimeLens2-93K's raw annotations), read by :mod:`video_grpo.data.timelens_annotations`. TimeLens2-93K has no
   durations: without ``durations_file`` each video's length is read from the video (frames / average fps).
 
 Span shape: ``solution`` is ``[s, e]`` when every query of the file has one span; when any has several (or the
@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from video_grpo.annotation_files import (
+from video_grpo.data.annotation_files import (
     AnnotationError,
     iter_jsonl_objects,
     need_fields,
@@ -43,8 +43,8 @@ from video_grpo.annotation_files import (
     read_per_video_json,
     write_jsonl,
 )
-from video_grpo.annotation_files import as_spans as _as_spans
-from video_grpo.timelens_annotations import (
+from video_grpo.data.annotation_files import as_spans as _as_spans
+from video_grpo.data.timelens_annotations import (
     read_timelens2_93k,
     read_timelens_100k,
     read_timelens_bench,
@@ -226,7 +226,7 @@ def length_from_video(video: Path, spans: list[list[float]], lengths: dict[Path,
     A missing or unreadable video cannot train, and ``data check`` lists it; its queries still count, with the
     latest annotated end as their duration (so no span of theirs is clamped)."""
     if video not in lengths:
-        from video_grpo.video import VideoReadError, probe_video
+        from video_grpo.data.video import VideoReadError, probe_video
 
         try:
             header = probe_video(str(video))

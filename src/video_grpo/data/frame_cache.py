@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from video_grpo.video import SampledVideo, SamplingConfig, read_video
+from video_grpo.data.video import SampledVideo, SamplingConfig, read_video
 
 logger = logging.getLogger(__name__)
 # torchvision 0.29 warns on every decode_jpeg call that its codecs are deprecated (in favour of TorchCodec, not

@@ -9,7 +9,7 @@ run at a fixed shape:
    so the prompt's width never changes the graph. A greedy call with fewer rows is padded with copies of its last
    row, whose answers are dropped; a sampled one decodes on the cache's first rows (views: padding rows would draw
    from the random generator and change every later token).
-2. **Filled in place** after :func:`video_grpo.prefill.generate`'s one prefill per prompt: each row's keys and
+2. **Filled in place** after :func:`video_grpo.rollout.prefill.generate`'s one prefill per prompt: each row's keys and
    values (and Qwen3.5's Gated DeltaNet convolution and recurrent states) are copied from the prefill's
    ``DynamicCache`` into the static tensors (``copy_``), layer by layer, each prefill layer freed once copied; a
    kept cache's data pointers stay fixed from call to call.
@@ -40,7 +40,7 @@ decoding, within a few percent.
 
 A compiled path never ends an ``auto`` run: any failure but an allocation failure, at any step, makes that call
 decode again eagerly and turns compiling off with one warning naming the cause (``decode/fallbacks``);
-``decode_compile: true`` stops with a clear error instead (:func:`video_grpo.prefill.generate`).
+``decode_compile: true`` stops with a clear error instead (:func:`video_grpo.rollout.prefill.generate`).
 
 Exactness: the step computes what the eager step computes (``tests/test_decode_compile.py``: the same greedy and
 same-seed sampled tokens in every family, fp32). In bf16 on a GPU a fused kernel may round differently, which can
@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-from video_grpo.static_cache import fill_layer, init_layer, layer_initialized, row_view
+from video_grpo.rollout.static_cache import fill_layer, init_layer, layer_initialized, row_view
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def step_fullgraph(
       runs eagerly before the graph.
     - FlashAttention (``flash_attention_2`` / ``_3``, what the GPU recipes recommend): its kernel is an opaque call,
       and transformers itself sets ``fullgraph=False`` for it (``_valid_auto_compile_criteria``, 5.24).
-    - ``kernel_layers`` (the family's :attr:`~video_grpo.families.ModelFamily.kernel_layers`, e.g. Qwen3.5's
+    - ``kernel_layers`` (the family's :attr:`~video_grpo.inputs.families.ModelFamily.kernel_layers`, e.g. Qwen3.5's
       Gated DeltaNet) on CUDA, where transformers runs them through hub kernels that may not trace."""
     if zero_stage == 3:
         return False, "ZeRO-3's pre-forward hook runs between graphs"
@@ -155,8 +155,8 @@ def _is_flash_attention(attn_implementation: str) -> bool:
 def step_shape(config) -> dict[str, Any]:
     """What :func:`step_fullgraph` reads from a model's config: its attention implementation, and the layer types
     its family may run through hub kernels (``families.ModelFamily.kernel_layers``) that the model has."""
-    from video_grpo.families import detect_family
-    from video_grpo.prefix import stateful_layers
+    from video_grpo.inputs.families import detect_family
+    from video_grpo.inputs.prefix import stateful_layers
 
     layers = set(stateful_layers(config))
     return {

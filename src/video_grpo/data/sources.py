@@ -38,8 +38,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from video_grpo.annotations import AnnotationError, DataReport, load_annotations
-from video_grpo.timelens_annotations import timelens_query
+from video_grpo.data.annotations import AnnotationError, DataReport, load_annotations
+from video_grpo.data.timelens_annotations import timelens_query
 
 SOURCE_KEYS = (
     "train_file",
@@ -90,7 +90,7 @@ def parse_train_sources(value) -> dict[str, dict] | None:
             "train_sources: must be a non-empty mapping of source name to its settings, e.g. "
             "{timelens-100k: {train_file: ..., video_root: ...}}"
         )
-    from video_grpo.annotations import FORMATS
+    from video_grpo.data.annotations import FORMATS
 
     sources = {}
     for name, settings in value.items():

@@ -1,11 +1,11 @@
-"""The readers the plan check (:mod:`video_grpo.memory_check`) measures a phase with.
+"""The readers the plan check (:mod:`video_grpo.runtime.memory_check`) measures a phase with.
 
 A reader's ``adopt(tensors)`` counts tensors made before it opened; its ``begin()`` starts a phase and returns the bytes alive at that moment; ``end()`` returns the most bytes
 alive at once since ``begin()``. Both count live tensors, the quantity the plan estimates:
 
 - :class:`CudaPeaks`: the CUDA allocator's ``memory_allocated`` and ``max_memory_allocated`` (the peak reset at each
   ``begin``). It costs nothing; what the allocator reserves besides is the plan's headroom.
-- :class:`LivePeaks`: live tensor bytes by storage (:class:`video_grpo.plan.live_memory.LiveBytes`), with the
+- :class:`LivePeaks`: live tensor bytes by storage (:class:`video_grpo.runtime.live_memory.LiveBytes`), with the
   tensors a step starts with adopted (:func:`alive_tensors`). It sees every operator, so it slows the step.
 """
 
@@ -42,13 +42,13 @@ class CudaPeaks:
 class LivePeaks:
     """Phase peaks in live tensor bytes, counting what was alive when the measured step began."""
 
-    name = "live tensor bytes (video_grpo.plan.live_memory.LiveBytes)"
+    name = "live tensor bytes (video_grpo.runtime.live_memory.LiveBytes)"
 
     def __init__(self) -> None:
         self.live = None
 
     def open(self, trainer) -> None:
-        from video_grpo.plan.live_memory import LiveBytes
+        from video_grpo.runtime.live_memory import LiveBytes
 
         self.live = LiveBytes()
         self.live.__enter__()

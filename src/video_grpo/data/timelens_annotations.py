@@ -1,6 +1,6 @@
 """The TimeLens family's annotation formats: TimeLens-Bench, TimeLens-100K and TimeLens2-93K.
 
-Each reader yields ``(where, id, video_key, duration, spans, sentence)`` for :func:`video_grpo.annotations.
+Each reader yields ``(where, id, video_key, duration, spans, sentence)`` for :func:`video_grpo.data.annotations.
 load_annotations`, which validates and normalises every format alike.
 
 - ``timelens_bench``: TimeLens-Bench JSON (Charades-, ActivityNet-, QVHighlights-TimeLens),
@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from video_grpo.annotation_files import (
+from video_grpo.data.annotation_files import (
     AnnotationError,
     as_spans,
     need_fields,

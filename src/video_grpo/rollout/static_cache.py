@@ -1,4 +1,4 @@
-"""The static cache's layers, filled from a prefill's ``DynamicCache``: what :class:`video_grpo.decode.CompiledDecoder`
+"""The static cache's layers, filled from a prefill's ``DynamicCache``: what :class:`video_grpo.rollout.decode.CompiledDecoder`
 copies row by row after the one prefill per prompt, for attention layers (keys and values) and Qwen3.5's Gated
 DeltaNet layers (convolution and recurrent states). A layer kind it does not know is an error, never a skipped
 layer: a skipped layer would decode from zeros."""

@@ -8,31 +8,31 @@ names cannot live in evaluate without an import cycle. :mod:`video_grpo.evaluate
   failure; with several true windows, the best IoU over them.
 - ``set``: every predicted span, merged, against every true span (TimeLens2's multi-span IoU), the answer read by
   the recipe's reader (``reader``): ``ours`` (the last ``<answer>`` block or the whole text, ``S to E`` or JSON;
-  both sets merged) or ``timelens2`` (TimeLens2's reading and ``tiou``: :mod:`video_grpo.readers`), so that
+  both sets merged) or ``timelens2`` (TimeLens2's reading and ``tiou``: :mod:`video_grpo.rewards.readers`), so that
   evaluation and curation (and so the draw weights) read an answer as the recipe's training reward does.
 - ``timelens``: TimeLens's and TimeLens2's VLMEvalKit scoring (TencentARC/TimeLens ``evaluation/
   compute_metrics.py`` + ``timelens/utils.py``; MCG-NJU/TimeLens2 ``evaluation/vlmeval/dataset/timelens.py`` at
   2eb53e2, ``TimeLensBase.evaluate``): the whole output is read by their ``extract_time``
-  (:func:`video_grpo.readers.timelens_pairs`), the *first* pair is scored against the first true span by their
-  ``iou`` (:func:`video_grpo.readers.plain_iou`), unswapped: a reversed pair scores 0 but is not a parse
+  (:func:`video_grpo.rewards.readers.timelens_pairs`), the *first* pair is scored against the first true span by their
+  ``iou`` (:func:`video_grpo.rewards.readers.plain_iou`), unswapped: a reversed pair scores 0 but is not a parse
   failure; an output with no pair scores 0 and is one.
 """
 
 from __future__ import annotations
 
-from video_grpo.answers import (
+from video_grpo.rewards.answers import (
     answer_block,
     completion_text,
     parse_answer_spans,
     parse_span_in,
     solution_spans,
 )
-from video_grpo.readers import plain_iou, timelens2_set_iou, timelens2_spans, timelens_pairs
-from video_grpo.rewards import temporal_iou
-from video_grpo.span_sets import union_iou
+from video_grpo.rewards.functions import temporal_iou
+from video_grpo.rewards.readers import plain_iou, timelens2_set_iou, timelens2_spans, timelens_pairs
+from video_grpo.rewards.span_sets import union_iou
 
 SPAN_SCORINGS = ("best_window", "set", "timelens")
-SET_READERS = ("ours", "timelens2")  # how ``set`` reads an answer: video_grpo.rewards.recipe_reader
+SET_READERS = ("ours", "timelens2")  # how ``set`` reads an answer: video_grpo.rewards.functions.recipe_reader
 SPAN_SCORING_HELP = (
     "best_window: the last predicted span, best IoU over the true windows; set: TimeLens2's multi-span IoU of all "
     "predicted spans, merged, with all true spans; timelens: TimeLens's and TimeLens2's VLMEvalKit scoring (the "
