@@ -18,7 +18,8 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from video_grpo.data.dataset import build_dataset, frame_cache
+from video_grpo.data import frame_cache
+from video_grpo.data.dataset import build_dataset
 from video_grpo.data.frame_cache import cache_key, cache_path, psnr, read_cached, read_entry, write_cache
 from video_grpo.data.video import SamplingConfig, read_video
 from video_grpo.preprocess import main as preprocess_main
