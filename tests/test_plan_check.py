@@ -324,9 +324,49 @@ def test_the_check_measures_the_step_after_the_first_and_flags_what_is_off(tmp_p
     assert record["step"] == 2 and record["peak"]["ratio"] == round(200 / 190, 4)
     assert record["outside"] == ["optimizer"] and record["phases"]["optimizer"]["ratio"] == 1.5
     assert "off by more than 15% in optimizer" in caplog.text and "Please report it" in caplog.text
+    assert record["compared_with"] == "the measured step's prompts and answers were not seen"
     caplog.clear()
     record = checked(planned, [95, 50, 210, 60], tmp_path, caplog)
     assert record["outside"] == [] and "Please report it" not in caplog.text
+
+
+def test_the_rows_compare_with_the_plan_at_the_steps_sizes_and_the_worst_case_stands_apart(tmp_path, caplog):
+    """The issue's case: the worst case (572 prompt tokens, where the step saw 423) planned the peak 1.28x high and
+    flagged three rows. The rows, the flags and the log compare with the plan at the sizes the step saw; the worst
+    case's margin is reported beside them, unflagged."""
+    worst = {"generation": 128, "old_and_reference": 64, "loss": 256, "optimizer": 77}
+    at_step = {"generation": 100, "old_and_reference": 50, "loss": 200, "optimizer": 60}
+    asked: list[dict] = []
+
+    def replan(plan, seen):
+        asked.append(dict(seen))
+        return fake_plan(at_step)
+
+    ledger = Ledger()
+    check = PlanCheck(fake_trainer(), fake_plan(worst), str(tmp_path), ledger, replan=replan)
+
+    def work(phase):
+        if phase == "generation" and check.current == "generation":  # the measured step's batch
+            check.see(check.see_generation, [[1] * 423] * 8, [[2] * 40, [2] * 31] * 4)
+        ledger.alloc(at_step[phase])
+        ledger.free(at_step[phase])
+
+    two_steps(check, work, caplog)
+    record = json.loads((tmp_path / "plan_check.json").read_text())
+    assert asked == [
+        {
+            "prompt": 423,
+            "answer": 40,
+            "grid": None,
+            "generation_rows": 8,
+            "micro_batch_rows": 0,
+            "loss_length": 0,
+            "scored": 0,
+        }
+    ]
+    assert record["compared_with"] == "step" and record["peak"]["ratio"] == 1.0 and record["outside"] == []
+    assert record["worst_case"]["margin"] == 1.28 and record["worst_case"]["phases"]["loss"]["margin"] == 1.28
+    assert "1.28x the measured peak" in caplog.text and "Please report it" not in caplog.text
 
 
 MB = 10**6
