@@ -29,13 +29,16 @@ class Sizes:
 
 def step_sizes(shape: ModelShape, work: Workload) -> Sizes:
     merge = shape.merge
-    per_side = max(1, round(work.frame_tokens**0.5))
-    grid = (work.temporal_patches, per_side * merge, (work.frame_tokens // per_side) * merge)
+    if work.video_grid is not None:  # a measured step's own video
+        grid = tuple(work.video_grid)
+    else:
+        per_side = max(1, round(work.frame_tokens**0.5))
+        grid = (work.temporal_patches, per_side * merge, (work.frame_tokens // per_side) * merge)
     patches = grid[0] * grid[1] * grid[2]
     prompts = work.prompts_per_micro_batch
     answers = min(work.group_size, work.micro_batch_rows)  # answers of one prompt in a micro-batch
     if work.shared_prefix:
-        rows, length = prompts, work.prompt_tokens - 1 + answers * work.completion_tokens
+        rows, length = prompts, work.loss_length or work.prompt_tokens - 1 + answers * work.completion_tokens
     else:
         rows, length = work.micro_batch_rows, work.prompt_tokens + work.completion_tokens
     videos = prompts if work.encode_once else work.micro_batch_rows
@@ -47,7 +50,7 @@ def step_sizes(shape: ModelShape, work: Workload) -> Sizes:
         loss_rows=rows,
         loss_length=length,
         loss_videos=videos,
-        scored=work.micro_batch_rows * work.completion_tokens,
+        scored=work.scored_tokens or work.micro_batch_rows * work.completion_tokens,
         generation_videos=work.prompts_per_generation,
         generation_rows=work.generation_rows,
     )

@@ -62,6 +62,14 @@ class Workload:
     decode_compile: str = "auto"  # the recipe's decode_compile (auto: compiled on CUDA); see decode_path
     decode_backend: str = "inductor"  # its decode_compile_backend
     decode_cuda_graphs: bool = False  # its decode_cuda_graphs
+    # A measured step planned at its own sizes (video_grpo.runtime.memory_check): the video's own (t, h, w) patch grid
+    # (None: the most square grid of frame_tokens per pair); the static cache the decoder was given, sized once
+    # from the recipe's worst case (0: from this workload's prompt and answers); the widest packed loss row and
+    # the answer tokens a micro-batch scores, each answer at its own length (0: every answer at completion_tokens)
+    video_grid: tuple[int, int, int] | None = None
+    static_cache_tokens: int = 0
+    loss_length: int = 0
+    scored_tokens: int = 0
     sources: dict = field(default_factory=dict, compare=False)  # where each number came from, for the report
 
     @property
@@ -79,6 +87,8 @@ class Workload:
     @property
     def decode_cache_tokens(self) -> int:
         """Positions of the compiled decoder's static cache (:func:`decode_cache_positions`)."""
+        if self.static_cache_tokens:
+            return self.static_cache_tokens
         return decode_cache_positions(self.prompt_tokens, self.temporal_patches, self.completion_tokens)
 
     def replace(self, **changes) -> Workload:

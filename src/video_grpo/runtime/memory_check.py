@@ -6,8 +6,17 @@ forwards, the loss forward and backward, the optimizer step. Each phase's peak i
 tensor bytes (:mod:`video_grpo.runtime.memory_meters`): on CUDA the allocator's count, free; on the CPU a count by storage
 that sees every operator and so slows the measured step (``plan_check: true`` turns it on; off by default there).
 
-The ratios (planned / measured) are logged and written to ``output_dir/plan_check.json``; when one is outside
-:data:`TOLERANCE` the log says so and asks for the JSON to be reported. The phases are bounded by the trainer's
+**Like with like.** The run's plan is its worst case: every video at the recipe's largest, the longest prompt text,
+every answer at ``max_completion_length``. A real step's prompts are usually shorter, so a comparison with the
+worst case would read high on most runs and flag them. The check records the sizes the measured step saw (its
+longest prompt and answer, its largest video's patch grid, its rows) and plans the step again at those sizes
+(:func:`plan_at_step`); the ratios (planned / measured), the flags and the log compare the measured step with that
+plan. The worst-case plan's margin over the measured step is reported beside them, never flagged. The re-plan runs
+on rank 0 alone, after the step, and makes no collective call (the planner traces layers on fake tensors,
+:mod:`video_grpo.plan.layers`); if it fails, the check compares with the worst case and says so.
+
+The ratios are logged and written to ``output_dir/plan_check.json``; when one is outside :data:`TOLERANCE` the log
+says so and asks for the JSON to be reported. The phases are bounded by the trainer's
 methods: ``_generate_single_turn`` (generation), the rest of ``_generate_and_score_completions`` (old policy and
 reference), ``compute_loss`` to the end of ``training_step`` (loss), and the optimizer's step.
 
@@ -29,7 +38,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
+import time
 from collections.abc import Callable
 
 import torch
@@ -68,8 +79,9 @@ class PlanCheck(TrainerCallback):
     """Measures one step after the first optimizer step and compares each phase with ``planned`` (bytes by phase,
     :attr:`video_grpo.plan.recipe.Plan.memory`). :meth:`install` wraps the trainer's phase boundaries."""
 
-    def __init__(self, trainer, plan, output_dir: str, meter=None) -> None:
+    def __init__(self, trainer, plan, output_dir: str, meter=None, replan: Callable | None = None) -> None:
         self.trainer, self.plan, self.output_dir = trainer, plan, output_dir
+        self.replan = replan or plan_at_step  # (plan, self.seen) -> the plan at the measured step's sizes
         self.meter = meter or (
             CudaPeaks() if torch.cuda.is_available() and not trainer.args.use_cpu else LivePeaks()
         )
@@ -83,7 +95,17 @@ class PlanCheck(TrainerCallback):
         self.dropped: dict[str, str] = {}  # phase -> why its row is left out
         self.undo: list[Callable[[], None]] = []
         self.step: int | None = None
-        self.longest = {"prompt": 0, "answer": 0}  # tokens seen in the measured window, beside the plan's
+        # the sizes the measured step saw (:meth:`see_generation`, :meth:`see_loss`), planned again in record()
+        self.seen: dict = {
+            "prompt": 0,
+            "answer": 0,
+            "grid": None,
+            "generation_rows": 0,
+            "micro_batch_rows": 0,
+            "loss_length": 0,  # the widest packed row of the loss forwards (shared_prefix)
+            "scored": 0,  # the most answer tokens a packed micro-batch scored
+        }
+        self.unseen: str | None = None  # why the step's sizes could not be read, if they could not
         self.deepspeed = bool(getattr(trainer, "is_deepspeed_enabled", False))
 
     # -- installing -----------------------------------------------------------------------------------------
@@ -99,8 +121,7 @@ class PlanCheck(TrainerCallback):
             self.begin("generation")
             out = generate(prompt_ids, *args, **kwargs)
             if self.current == "generation":
-                self.longest["prompt"] = max([self.longest["prompt"], *map(len, prompt_ids)])
-                self.longest["answer"] = max([self.longest["answer"], *map(len, out[0])])
+                self.see(self.see_generation, prompt_ids, out[0])
             self.end("generation")
             self.begin("old_and_reference")  # until the scored batch is returned
             return out
@@ -115,6 +136,8 @@ class PlanCheck(TrainerCallback):
         def loss_phase(*args, **kwargs):
             if self.current != "loss":
                 self.begin("loss")
+                if self.current == "loss":
+                    self.see(self.see_loss, args[1] if len(args) > 1 else kwargs.get("inputs"))
             return compute_loss(*args, **kwargs)
 
         def step_phase(*args, **kwargs):
@@ -122,6 +145,16 @@ class PlanCheck(TrainerCallback):
             self.end("loss")
             return out
 
+        pack = getattr(trainer, "_pack", None)  # the shared prompt's packing of a forward's rows (prefix.py)
+
+        def pack_phase(*args, **kwargs):
+            packed = pack(*args, **kwargs)
+            if packed is not None and self.current in ("old_and_reference", "loss"):
+                self.see(self.see_packed, packed)
+            return packed
+
+        if callable(pack):
+            trainer._pack = pack_phase
         trainer._generate_single_turn = generate_phase
         trainer._generate_and_score_completions = score_phase
         trainer.compute_loss = loss_phase
@@ -195,6 +228,42 @@ class PlanCheck(TrainerCallback):
         if self.suspended is not None and phase == "optimizer":
             self.current, self.window_start, self.carried_peak = resumed, start, carried
             self.suspended = None
+
+    # -- the sizes the measured step saw ---------------------------------------------------------------------
+
+    def see(self, call: Callable, *args) -> None:
+        """Read sizes with ``call``; one that fails leaves the comparison with the worst case (never the run)."""
+        try:
+            call(*args)
+        except Exception as err:  # noqa: BLE001 (the check never stops a run)
+            self.unseen = self.unseen or f"{type(err).__name__}: {err}"
+
+    def see_generation(self, prompt_ids, completion_ids) -> None:
+        """The longest prompt and answer, the rows generated and the largest video (by patches) of the batch
+        (the trainer's ``_video_rows``, which holds every row's ``video_grid_thw`` while it is generated)."""
+        seen = self.seen
+        seen["prompt"] = max([seen["prompt"], *map(len, prompt_ids)])
+        seen["answer"] = max([seen["answer"], *map(len, completion_ids)])
+        seen["generation_rows"] = max(seen["generation_rows"], len(prompt_ids))
+        rows = getattr(self.trainer, "_video_rows", None)
+        grids = rows.get("video_grid_thw") if isinstance(rows, dict) else None
+        for grid in grids.tolist() if grids is not None else ():
+            if seen["grid"] is None or math.prod(grid) > math.prod(seen["grid"]):
+                seen["grid"] = tuple(int(n) for n in grid)
+
+    def see_loss(self, inputs) -> None:
+        """The rows of a micro-batch (its shape only: nothing is read back from the device)."""
+        mask = inputs.get("completion_mask") if isinstance(inputs, dict) else None
+        if mask is not None:
+            self.seen["micro_batch_rows"] = max(self.seen["micro_batch_rows"], int(mask.shape[0]))
+
+    def see_packed(self, packed) -> None:
+        """A packed forward's width and the answer tokens it scores, each answer at its own length (its layout is
+        on the CPU: nothing is read back from the device)."""
+        self.seen["loss_length"] = max(
+            self.seen["loss_length"], int(packed.model_inputs["input_ids"].shape[1])
+        )
+        self.seen["scored"] = max(self.seen["scored"], int((packed.source[..., 0] >= 0).sum()))
 
     def safely(self, call: Callable, *args) -> None:
         try:
@@ -272,6 +341,8 @@ class PlanCheck(TrainerCallback):
         self.log(record)
 
     def log(self, record: dict) -> None:
+        if record["compared_with"] != "step":
+            logger.warning(f"plan check: compared with the worst-case plan: {record['compared_with']}")
         for phase, row in record["phases"].items():
             logger.warning(
                 f"plan check: {phase}: planned {row['planned_gb']:.4g} GB, measured {row['measured_gb']:.4g} GB "
@@ -284,11 +355,18 @@ class PlanCheck(TrainerCallback):
             f"plan check: peak planned {peak['planned_gb']:.4g} GB ({peak['planned_phase']}), measured "
             f"{peak['measured_gb']:.4g} GB ({peak['measured_phase']}): ratio {peak['ratio']}"
         )
-        tokens = record["tokens"]
-        if tokens["prompt_seen"] > tokens["prompt_planned"]:
+        worst, sizes = record["worst_case"], record["sizes"]
+        logger.warning(
+            f"plan check: the worst-case plan (prompts of {sizes['worst_case']['prompt_tokens']} tokens, answers of "
+            f"{sizes['worst_case']['completion_tokens']}; this step's longest: {sizes['step']['prompt_tokens']} and "
+            f"{sizes['step']['completion_tokens']}) peaks at {worst['peak_gb']:.4g} GB in {worst['peak_phase']}: "
+            f"{worst['margin']}x the measured peak"
+        )
+        if sizes["step"]["prompt_tokens"] > sizes["worst_case"]["prompt_tokens"]:
             logger.warning(
-                f"plan check: the longest prompt had {tokens['prompt_seen']} tokens, the plan "
-                f"{tokens['prompt_planned']} (the planner counts the prompt's text as Qwen's tokenizer does)"
+                f"plan check: the longest prompt had {sizes['step']['prompt_tokens']} tokens, the worst-case plan "
+                f"{sizes['worst_case']['prompt_tokens']} (the planner counts the prompt's text as Qwen's tokenizer "
+                "does)"
             )
         if record["outside"]:
             logger.warning(
@@ -297,25 +375,41 @@ class PlanCheck(TrainerCallback):
                 "(it holds the plan, the measurement and the run's settings)."
             )
 
+    def step_plan(self):
+        """(the plan at the measured step's sizes, or None; why not, or "step"; seconds it took)."""
+        if self.unseen is not None:
+            return None, f"the step's sizes could not be read ({self.unseen})", 0.0
+        if not (self.seen["prompt"] and self.seen["answer"]):
+            return None, "the measured step's prompts and answers were not seen", 0.0
+        started = time.perf_counter()
+        try:
+            plan = self.replan(self.plan, self.seen)
+        except Exception as err:  # noqa: BLE001 (the check never stops a run)
+            return None, f"the step could not be planned at its sizes ({type(err).__name__}: {err})", 0.0
+        return plan, "step", time.perf_counter() - started
+
     def record(self) -> dict:
-        memory = self.plan.memory
-        planned = {phase: memory.phases[phase].peak for phase in PHASES}
+        step_plan, compared_with, seconds = self.step_plan()
+        memory = (step_plan or self.plan).memory
         phases = {}
         for phase in PHASES:
             if phase in self.measured and self.measured[phase]:
+                planned = memory.phases[phase].peak
                 phases[phase] = {
-                    "planned_gb": round(planned[phase] / GB, 6),
+                    "planned_gb": round(planned / GB, 6),
                     "measured_gb": round(self.measured[phase] / GB, 6),
-                    "ratio": round(planned[phase] / self.measured[phase], 4),
+                    "ratio": round(planned / self.measured[phase], 4),
                     # alive when the window of the measured peak began, and what the phase added to it
                     "at_start_gb": round(self.at_start[phase] / GB, 6),
                     "added_gb": round((self.measured[phase] - self.at_start[phase]) / GB, 6),
                 }
         measured_phase = max(self.measured, key=self.measured.get)
-        peak_ratio = round(memory.peak / self.measured[measured_phase], 4)
+        measured_peak = self.measured[measured_phase]
+        peak_ratio = round(memory.peak / measured_peak, 4)
         outside = [p for p, row in phases.items() if abs(row["ratio"] - 1) > TOLERANCE]
         if abs(peak_ratio - 1) > TOLERANCE:
             outside.insert(0, "the peak")
+        worst = self.plan.memory
         return {
             "device": self.meter.name,
             "rank": self.trainer.accelerator.process_index,
@@ -323,27 +417,104 @@ class PlanCheck(TrainerCallback):
             "deepspeed": self.deepspeed,
             "optimizer_window": OPTIMIZER_WINDOW[self.deepspeed],
             "dropped": dict(self.dropped),
+            # "step": peak, phases and outside compare with the plan at the measured step's sizes; else why not
+            "compared_with": compared_with,
             "peak": {
                 "planned_gb": round(memory.peak / GB, 6),
                 "planned_phase": memory.peak_phase,
-                "measured_gb": round(self.measured[measured_phase] / GB, 6),
+                "measured_gb": round(measured_peak / GB, 6),
                 "measured_phase": measured_phase,
                 "ratio": peak_ratio,
             },
             "phases": phases,
             "tolerance": TOLERANCE,
             "outside": outside,
-            "tokens": {
-                "prompt_planned": self.plan.work.prompt_tokens,
-                "prompt_seen": self.longest["prompt"],
-                "answer_planned": self.plan.work.completion_tokens,
-                "answer_seen": self.longest["answer"],
+            # the run's own plan, at the recipe's worst case: its margin (planned / measured) is never flagged
+            "worst_case": {
+                "peak_gb": round(worst.peak / GB, 6),
+                "peak_phase": worst.peak_phase,
+                "margin": round(worst.peak / measured_peak, 4),
+                "phases": {
+                    phase: {
+                        "planned_gb": round(worst.phases[phase].peak / GB, 6),
+                        "margin": round(worst.phases[phase].peak / self.measured[phase], 4),
+                    }
+                    for phase in phases
+                },
             },
+            "sizes": {
+                "worst_case": workload_sizes(self.plan),
+                "step": workload_sizes(step_plan) if step_plan is not None else self.seen_sizes(),
+            },
+            "replan_s": round(seconds, 3),
             "planned_bytes_by_category": {phase: dict(memory.phases[phase].by_category) for phase in PHASES},
             "plan": self.plan.as_json(),
+            "step_plan": step_plan.as_json() if step_plan is not None else None,
+        }
+
+    def seen_sizes(self) -> dict:
+        seen = self.seen
+        return {
+            "prompt_tokens": seen["prompt"],
+            "completion_tokens": seen["answer"],
+            "video_grid": list(seen["grid"]) if seen["grid"] else None,
+            "micro_batch_rows": seen["micro_batch_rows"],
+            "generation_rows": seen["generation_rows"],
+            "loss_length": seen["loss_length"] or None,
+            "scored_tokens": seen["scored"] or None,
         }
 
 
+def workload_sizes(plan) -> dict:
+    """The sizes a plan was made at, as :meth:`PlanCheck.seen_sizes` records a step's."""
+    from video_grpo.plan.sizes import step_sizes
+
+    work, sizes = plan.work, step_sizes(plan.shape, plan.work)
+    return {
+        "prompt_tokens": work.prompt_tokens,
+        "completion_tokens": work.completion_tokens,
+        "video_grid": list(sizes.grid),
+        "micro_batch_rows": work.micro_batch_rows,
+        "generation_rows": work.generation_rows,
+        "loss_length": sizes.loss_length,  # of a loss forward's rows, packed by prompt or not
+        "scored_tokens": sizes.scored,
+    }
+
+
+def plan_at_step(plan, seen: dict):
+    """``plan`` made again at the sizes a measured step saw (:attr:`PlanCheck.seen`): its largest video's grid,
+    its longest prompt (the text is what the longest prompt holds besides that video's placeholders), its longest
+    answer, its rows and, when the forwards are packed by prompt, its widest packed row and the answer tokens a
+    micro-batch scored; a size not seen keeps the plan's. The compiled decoder's static cache keeps the plan's
+    length: the trainer sized it once, from the recipe's worst case. No collective call, no weights: the planner
+    traces one layer of each kind on fake tensors, at the new sizes."""
+    from video_grpo.plan.recipe import make_plan
+
+    work = plan.work
+    changes: dict = {"static_cache_tokens": work.decode_cache_tokens}
+    visual = work.visual_tokens
+    if seen["grid"] is not None:
+        pairs, height, width = seen["grid"]
+        per_pair = height * width // plan.shape.merge**2
+        visual = pairs * per_pair
+        changes.update(
+            visual_tokens=visual,
+            temporal_patches=pairs,
+            frame_tokens=per_pair,
+            video_grid=tuple(seen["grid"]),
+        )
+    changes["text_tokens"] = max(0, seen["prompt"] - visual)
+    changes["completion_tokens"] = seen["answer"]
+    for rows in ("micro_batch_rows", "generation_rows"):
+        if seen[rows]:
+            changes[rows] = seen[rows]
+    if work.shared_prefix and seen["loss_length"]:  # packed: each answer at its own length
+        changes.update(loss_length=seen["loss_length"], scored_tokens=seen["scored"])
+    step_plan = make_plan(plan.shape, work.replace(**changes), plan.gpu)
+    step_plan.source = plan.source
+    return step_plan
+
+
 def install_plan_check(trainer, plan, output_dir: str) -> PlanCheck:
-    """Measure the run's second step against ``plan`` (see the module's docstring)."""
+    """Measure the run's second step against ``plan`` at the step's own sizes (see the module's docstring)."""
     return PlanCheck(trainer, plan, output_dir).install()
