@@ -3,9 +3,10 @@
 Each test injects one failure into the compiled path of the tiny Qwen2.5-VL, at the place a GPU run would meet it:
 a kernel that fails at a graph's first call (a Triton compile or autotune error, a CUDA graph capture error), a
 failure at a later step of a later call, a recompile storm (the hook leak of transformers 5.24, replayed by hand),
-torch's recompile limit, and out-of-memory errors from the step and from the cache's allocation. Under ``auto``
-the failing call decodes again eagerly, from the random state it started from, and gives the eager path's tokens;
-under ``true`` the run stops with a clear error; an out-of-memory error always propagates.
+torch's recompile limit, and out-of-memory errors from the step, from the cache's allocation and from inside
+inductor's compile. Under ``auto`` the failing call decodes again eagerly, from the random state it started from,
+and gives the eager path's tokens; under ``true`` the run stops with a clear error; an out-of-memory error always
+propagates, as itself.
 """
 
 from __future__ import annotations
@@ -112,22 +113,32 @@ def test_decode_compile_true_stops_with_a_clear_error(setup, monkeypatch):
     assert decoder.stats.fallbacks == 0
 
 
-@pytest.mark.parametrize("where", ["step", "cache_allocation"])
+@pytest.mark.parametrize("where", ["step", "cache_allocation", "compile"])
 def test_out_of_memory_is_never_taken_for_a_compile_failure(where, setup, monkeypatch):
+    """An allocation failure reaches the caller as ``torch.OutOfMemoryError`` itself (a caller retries smaller on
+    it), never as a fallback. ``compile``: raised inside inductor's compile, which dynamo wraps in
+    ``BackendCompilerFailed`` (inductor's own code generation wraps it in ``InductorError``, a subclass)."""
     processor, model, batches = setup
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    def no_memory(*args, **kwargs):
+        raise oom
+
+    settings = CHEAP
     if where == "step":
         failing_step(monkeypatch, 2, oom)
-    else:
-
-        def no_memory(*args, **kwargs):
-            raise oom
-
+    elif where == "cache_allocation":
         monkeypatch.setattr(decode, "init_layer", no_memory)
-    decoder = CompiledDecoder(rows=2 * G, settings=CHEAP)
+    else:
+        import torch._inductor.compile_fx as inductor
+
+        monkeypatch.setattr(inductor, "compile_fx", no_memory)  # what decode._compile_graph calls
+        settings = DecodeSettings("inductor", keep_cache=True)
+    decoder = CompiledDecoder(rows=2 * G, settings=settings)
     kwargs = settings_kwargs(processor, model, do_sample=False)
-    with pytest.raises(torch.OutOfMemoryError):
+    with pytest.raises(torch.OutOfMemoryError) as raised:
         prefill.generate(model, **batches[0], **kwargs, decoder=decoder)
+    assert raised.value is oom
     assert decoder.enabled and decoder.stats.fallbacks == 0
     assert decode.is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried"))
     assert not decode.is_out_of_memory(RuntimeError("triton: autotune failed"))

@@ -40,7 +40,9 @@ decoding, within a few percent.
 
 A compiled path never ends an ``auto`` run: any failure but an allocation failure, at any step, makes that call
 decode again eagerly and turns compiling off with one warning naming the cause (``decode/fallbacks``);
-``decode_compile: true`` stops with a clear error instead (:func:`video_grpo.prefill.generate`).
+``decode_compile: true`` stops with a clear error instead (:func:`video_grpo.prefill.generate`). An allocation
+failure reaches the caller as ``torch.OutOfMemoryError`` itself, even one raised inside inductor's compile (which
+torch wraps in ``BackendCompilerFailed``), so that a caller can retry smaller (:func:`propagated`).
 
 Exactness: the step computes what the eager step computes (``tests/test_decode_compile.py``: the same greedy and
 same-seed sampled tokens in every family, fp32). In bf16 on a GPU a fused kernel may round differently, which can
@@ -278,8 +280,26 @@ def is_out_of_memory(error: BaseException) -> bool:
 def must_propagate(error: BaseException) -> bool:
     """Errors no eager retry can help, raised as they are: out of memory, a device error that leaves the device
     unusable (``torch.AcceleratorError``: an illegal memory access, a device-side assert), a failed collective."""
+    return propagated(error) is not None
+
+
+def propagated(error: BaseException) -> BaseException | None:
+    """The error :func:`must_propagate` raises for ``error``: the allocation failure, device error or failed
+    collective itself, not the wrapper torch raised it in (an error raised inside a backend's compile reaches the
+    step's caller as dynamo's ``BackendCompilerFailed``, or inductor's ``InductorError``, and a caller that retries
+    smaller catches ``torch.OutOfMemoryError``); None if ``error`` must not propagate."""
     fatal = (torch.AcceleratorError, torch.distributed.DistError)
-    return is_out_of_memory(error) or any(isinstance(exc, fatal) for exc in error_chain(error))
+    chain = error_chain(error)
+    for found in (
+        lambda exc: isinstance(exc, torch.OutOfMemoryError),
+        lambda exc: "can't allocate memory" in str(exc),  # the CPU allocator's RuntimeError
+        lambda exc: isinstance(exc, fatal),
+    ):
+        # the innermost: the one raised where it happened (a wrapper's message quotes it too)
+        match = [exc for exc in chain if found(exc)]
+        if match:
+            return match[-1]
+    return None
 
 
 def guard_failure_counts() -> dict:
@@ -543,14 +563,20 @@ class CompiledDecoder:
     @contextlib.contextmanager
     def _compiled_path(self):
         """Failures inside the block are the compiled path's: raised as :class:`CompiledDecodeFailed`, unless
-        :func:`must_propagate`."""
+        :func:`must_propagate`; those are raised unwrapped (:func:`propagated`)."""
         try:
             yield
         except CompiledDecodeFailed:
             raise
         except Exception as err:
-            if must_propagate(err):
+            inner = propagated(err)
+            if inner is err:
                 raise
+            if inner is not None:  # unwrapped, so that a caller's ``except torch.OutOfMemoryError`` sees it
+                note = f"decode_compile: raised in the compiled decode step; torch wrapped it in {type(err).__name__}"
+                if note not in getattr(inner, "__notes__", ()):
+                    inner.add_note(note)
+                raise inner from None
             raise CompiledDecodeFailed(describe_failure(err, self.stats.guard_mark)) from err
 
     def generate(
