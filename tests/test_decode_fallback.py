@@ -177,6 +177,40 @@ def test_a_recompile_storm_turns_compiling_off_naming_the_guard(setup, caplog):
     assert "GraphBoundExceeded" in text and "_forward_hooks" in text
 
 
+def test_a_guard_failure_in_the_first_call_of_a_shape_is_unexpected(setup):
+    """A new call shape explains one compile of the step, not every compile during its first call: a forward hook
+    added to the input embeddings after the call's first compiled step (every step checks guards, as under ZeRO-3)
+    makes the next step recompile, and that recompile is counted as unexpected, with the guard that failed."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    processor, model, batches = setup
+    decoder = CompiledDecoder(
+        rows=2 * G, settings=DecodeSettings("eager", keep_cache=True, skip_guards=False)
+    )
+    embeddings = model.get_input_embeddings()
+    # one hook when the step is traced, so that dynamo guards the count (see the storm test)
+    handles = [embeddings.register_forward_hook(lambda module, args, output: None)]
+
+    class AddHook(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            if len(handles) == 1 and decoder.stats.compiled_steps:
+                handles.append(embeddings.register_forward_hook(lambda module, args, output: None))
+            return scores
+
+    kwargs = settings_kwargs(
+        processor, model, do_sample=False, logits_processor=LogitsProcessorList([AddHook()])
+    )
+    try:
+        prefill.generate(model, **batches[0], **kwargs, decoder=decoder)
+    finally:
+        for handle in handles:
+            handle.remove()
+    stats = decoder.stats
+    assert len(handles) == 2 and decoder.last_call_compiled and len(stats.graph_keys) == 1, stats
+    assert stats.graphs == 2 and stats.unexpected_recompiles == 1 and stats.recompiles == 1, stats
+    assert "_forward_hooks" in stats.last_guard_failure, stats.last_guard_failure
+
+
 def test_the_graph_bound_stops_before_torchs_recompile_limit(setup, caplog):
     """New call shapes each need a graph (sampled calls of 2G, then G rows); with torch's limit at 2 the second
     graph would be the last torch allows, so the decoder refuses it and decodes that call eagerly."""

@@ -25,7 +25,8 @@ x row count of a sampled call (training samples one count: TRL yields whole gene
 (one more each time the cache grows); so a run with evaluation compiles 2-3. Anything beyond the first is counted in
 ``decode/recompiles``. A cache that must grow (a prompt longer than the recipe's worst case) or a call with more
 rows than planned is reallocated: one recompile, with a warning each time. A recompile that no new call shape
-explains (a guard on something that should not change, such as a module's hooks) is logged with the guard that
+explains (a guard on something that should not change, such as a module's hooks; a new shape explains what the
+first step of its first call compiles, not a compile at a later step of that call) is logged with the guard that
 failed; after :data:`MAX_UNEXPECTED_RECOMPILES` of them, or before torch's recompile limit, the step refuses to
 compile and the decoder falls back (:func:`_counting_backend`).
 
@@ -240,6 +241,7 @@ class DecodeStats:
     last_guard_failure: str = ""
     graph_keys: set = field(default_factory=set)  # (rows, cache length, train mode) of each call
     new_key: bool = False  # the call being decoded has a shape no earlier call had
+    stepped: bool = False  # a step of the call being decoded has returned: its new shape is compiled by then
     guard_mark: dict = field(default_factory=dict, repr=False)  # guard failures recorded before this compile
 
     @property
@@ -342,12 +344,17 @@ def _counting_backend(settings: DecodeSettings, stats: DecodeStats):
     """A ``torch.compile`` backend (a plain function, so transformers' deep-copied ``CompileConfig`` compares equal
     and its compiled call is reused) that counts graphs and the steps run through them (after each returns), and
     keeps the graph count within its bound (see :class:`DecodeStats`): a graph for a call shape compiled before
-    is an unexpected recompile, logged with the guard that failed; past :data:`MAX_UNEXPECTED_RECOMPILES`, or at
-    torch's recompile limit, it refuses to compile, and the decoder falls back (``auto``) or stops (``true``)."""
+    (in an earlier call, or in an earlier step of the same call) is an unexpected recompile, logged with the guard
+    that failed; past :data:`MAX_UNEXPECTED_RECOMPILES`, or at torch's recompile limit, it refuses to compile, and
+    the decoder falls back (``auto``) or stops (``true``)."""
 
     def backend(graph, example_inputs, **_):
         limit = torch._dynamo.config.recompile_limit
-        if not stats.new_key:
+        # a new call shape explains what its call's first step compiles (one graph, or one per graph break's
+        # function: where a break falls inside a layer, dynamo compiles that function again for a later layer
+        # within the step, so counting compiles per function would take those for guard failures); nothing
+        # changes between two steps of a call, so a compile at a later step is a guard that failed
+        if not stats.new_key or stats.stepped:
             stats.unexpected_recompiles += 1
             stats.last_guard_failure = guard_failure_since(stats.guard_mark)
             logger.warning(
@@ -503,7 +510,9 @@ class CompiledDecoder:
     def _step(self, *args, **kwargs):
         """One decode step through the compiled forward (:meth:`_run_step`); its failures are the compiled path's."""
         with self._compiled_path():
-            return self._run_step(*args, **kwargs)
+            output = self._run_step(*args, **kwargs)
+        self.stats.stepped = True
+        return output
 
     def _run_step(self, *args, **kwargs):
         """Dynamo checks its guards (every weight's and input's shape, dtype, the model's mode...) before each
@@ -625,6 +634,7 @@ class CompiledDecoder:
         key = (rows, self.max_cache_len, model.training)
         self.stats.new_key = key not in self.stats.graph_keys
         self.stats.graph_keys.add(key)
+        self.stats.stepped = False
         self.stats.calls += 1
         steps_before, skips_before = self.stats.compiled_steps, _cuda_graph_skips()
         language_model = model.get_base_model() if hasattr(model, "get_base_model") else model
