@@ -3,9 +3,10 @@
 Each test injects one failure into the compiled path of the tiny Qwen2.5-VL, at the place a GPU run would meet it:
 a kernel that fails at a graph's first call (a Triton compile or autotune error, a CUDA graph capture error), a
 failure at a later step of a later call, a recompile storm (the hook leak of transformers 5.24, replayed by hand),
-torch's recompile limit, and out-of-memory errors from the step and from the cache's allocation. Under ``auto``
-the failing call decodes again eagerly, from the random state it started from, and gives the eager path's tokens;
-under ``true`` the run stops with a clear error; an out-of-memory error always propagates.
+torch's recompile limit, and out-of-memory errors from the step, from the cache's allocation and from inside
+inductor's compile. Under ``auto`` the failing call decodes again eagerly, from the random state it started from,
+and gives the eager path's tokens; under ``true`` the run stops with a clear error; an out-of-memory error always
+propagates, as itself.
 """
 
 from __future__ import annotations
@@ -112,22 +113,32 @@ def test_decode_compile_true_stops_with_a_clear_error(setup, monkeypatch):
     assert decoder.stats.fallbacks == 0
 
 
-@pytest.mark.parametrize("where", ["step", "cache_allocation"])
+@pytest.mark.parametrize("where", ["step", "cache_allocation", "compile"])
 def test_out_of_memory_is_never_taken_for_a_compile_failure(where, setup, monkeypatch):
+    """An allocation failure reaches the caller as ``torch.OutOfMemoryError`` itself (a caller retries smaller on
+    it), never as a fallback. ``compile``: raised inside inductor's compile, which dynamo wraps in
+    ``BackendCompilerFailed`` (inductor's own code generation wraps it in ``InductorError``, a subclass)."""
     processor, model, batches = setup
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    def no_memory(*args, **kwargs):
+        raise oom
+
+    settings = CHEAP
     if where == "step":
         failing_step(monkeypatch, 2, oom)
-    else:
-
-        def no_memory(*args, **kwargs):
-            raise oom
-
+    elif where == "cache_allocation":
         monkeypatch.setattr(decode, "init_layer", no_memory)
-    decoder = CompiledDecoder(rows=2 * G, settings=CHEAP)
+    else:
+        import torch._inductor.compile_fx as inductor
+
+        monkeypatch.setattr(inductor, "compile_fx", no_memory)  # what decode._compile_graph calls
+        settings = DecodeSettings("inductor", keep_cache=True)
+    decoder = CompiledDecoder(rows=2 * G, settings=settings)
     kwargs = settings_kwargs(processor, model, do_sample=False)
-    with pytest.raises(torch.OutOfMemoryError):
+    with pytest.raises(torch.OutOfMemoryError) as raised:
         prefill.generate(model, **batches[0], **kwargs, decoder=decoder)
+    assert raised.value is oom
     assert decoder.enabled and decoder.stats.fallbacks == 0
     assert decode.is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried"))
     assert not decode.is_out_of_memory(RuntimeError("triton: autotune failed"))
@@ -164,6 +175,40 @@ def test_a_recompile_storm_turns_compiling_off_naming_the_guard(setup, caplog):
         == decode.MAX_UNEXPECTED_RECOMPILES + 1
     )
     assert "GraphBoundExceeded" in text and "_forward_hooks" in text
+
+
+def test_a_guard_failure_in_the_first_call_of_a_shape_is_unexpected(setup):
+    """A new call shape explains one compile of the step, not every compile during its first call: a forward hook
+    added to the input embeddings after the call's first compiled step (every step checks guards, as under ZeRO-3)
+    makes the next step recompile, and that recompile is counted as unexpected, with the guard that failed."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    processor, model, batches = setup
+    decoder = CompiledDecoder(
+        rows=2 * G, settings=DecodeSettings("eager", keep_cache=True, skip_guards=False)
+    )
+    embeddings = model.get_input_embeddings()
+    # one hook when the step is traced, so that dynamo guards the count (see the storm test)
+    handles = [embeddings.register_forward_hook(lambda module, args, output: None)]
+
+    class AddHook(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            if len(handles) == 1 and decoder.stats.compiled_steps:
+                handles.append(embeddings.register_forward_hook(lambda module, args, output: None))
+            return scores
+
+    kwargs = settings_kwargs(
+        processor, model, do_sample=False, logits_processor=LogitsProcessorList([AddHook()])
+    )
+    try:
+        prefill.generate(model, **batches[0], **kwargs, decoder=decoder)
+    finally:
+        for handle in handles:
+            handle.remove()
+    stats = decoder.stats
+    assert len(handles) == 2 and decoder.last_call_compiled and len(stats.graph_keys) == 1, stats
+    assert stats.graphs == 2 and stats.unexpected_recompiles == 1 and stats.recompiles == 1, stats
+    assert "_forward_hooks" in stats.last_guard_failure, stats.last_guard_failure
 
 
 def test_the_graph_bound_stops_before_torchs_recompile_limit(setup, caplog):

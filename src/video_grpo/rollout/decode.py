@@ -25,7 +25,8 @@ x row count of a sampled call (training samples one count: TRL yields whole gene
 (one more each time the cache grows); so a run with evaluation compiles 2-3. Anything beyond the first is counted in
 ``decode/recompiles``. A cache that must grow (a prompt longer than the recipe's worst case) or a call with more
 rows than planned is reallocated: one recompile, with a warning each time. A recompile that no new call shape
-explains (a guard on something that should not change, such as a module's hooks) is logged with the guard that
+explains (a guard on something that should not change, such as a module's hooks; a new shape explains what the
+first step of its first call compiles, not a compile at a later step of that call) is logged with the guard that
 failed; after :data:`MAX_UNEXPECTED_RECOMPILES` of them, or before torch's recompile limit, the step refuses to
 compile and the decoder falls back (:func:`_counting_backend`).
 
@@ -40,7 +41,9 @@ decoding, within a few percent.
 
 A compiled path never ends an ``auto`` run: any failure but an allocation failure, at any step, makes that call
 decode again eagerly and turns compiling off with one warning naming the cause (``decode/fallbacks``);
-``decode_compile: true`` stops with a clear error instead (:func:`video_grpo.rollout.prefill.generate`).
+``decode_compile: true`` stops with a clear error instead (:func:`video_grpo.rollout.prefill.generate`). An allocation
+failure reaches the caller as ``torch.OutOfMemoryError`` itself, even one raised inside inductor's compile (which
+torch wraps in ``BackendCompilerFailed``), so that a caller can retry smaller (:func:`propagated`).
 
 Exactness: the step computes what the eager step computes (``tests/test_decode_compile.py``: the same greedy and
 same-seed sampled tokens in every family, fp32). In bf16 on a GPU a fused kernel may round differently, which can
@@ -238,6 +241,7 @@ class DecodeStats:
     last_guard_failure: str = ""
     graph_keys: set = field(default_factory=set)  # (rows, cache length, train mode) of each call
     new_key: bool = False  # the call being decoded has a shape no earlier call had
+    stepped: bool = False  # a step of the call being decoded has returned: its new shape is compiled by then
     guard_mark: dict = field(default_factory=dict, repr=False)  # guard failures recorded before this compile
 
     @property
@@ -278,8 +282,26 @@ def is_out_of_memory(error: BaseException) -> bool:
 def must_propagate(error: BaseException) -> bool:
     """Errors no eager retry can help, raised as they are: out of memory, a device error that leaves the device
     unusable (``torch.AcceleratorError``: an illegal memory access, a device-side assert), a failed collective."""
+    return propagated(error) is not None
+
+
+def propagated(error: BaseException) -> BaseException | None:
+    """The error :func:`must_propagate` raises for ``error``: the allocation failure, device error or failed
+    collective itself, not the wrapper torch raised it in (an error raised inside a backend's compile reaches the
+    step's caller as dynamo's ``BackendCompilerFailed``, or inductor's ``InductorError``, and a caller that retries
+    smaller catches ``torch.OutOfMemoryError``); None if ``error`` must not propagate."""
     fatal = (torch.AcceleratorError, torch.distributed.DistError)
-    return is_out_of_memory(error) or any(isinstance(exc, fatal) for exc in error_chain(error))
+    chain = error_chain(error)
+    for found in (
+        lambda exc: isinstance(exc, torch.OutOfMemoryError),
+        lambda exc: "can't allocate memory" in str(exc),  # the CPU allocator's RuntimeError
+        lambda exc: isinstance(exc, fatal),
+    ):
+        # the innermost: the one raised where it happened (a wrapper's message quotes it too)
+        match = [exc for exc in chain if found(exc)]
+        if match:
+            return match[-1]
+    return None
 
 
 def guard_failure_counts() -> dict:
@@ -322,12 +344,17 @@ def _counting_backend(settings: DecodeSettings, stats: DecodeStats):
     """A ``torch.compile`` backend (a plain function, so transformers' deep-copied ``CompileConfig`` compares equal
     and its compiled call is reused) that counts graphs and the steps run through them (after each returns), and
     keeps the graph count within its bound (see :class:`DecodeStats`): a graph for a call shape compiled before
-    is an unexpected recompile, logged with the guard that failed; past :data:`MAX_UNEXPECTED_RECOMPILES`, or at
-    torch's recompile limit, it refuses to compile, and the decoder falls back (``auto``) or stops (``true``)."""
+    (in an earlier call, or in an earlier step of the same call) is an unexpected recompile, logged with the guard
+    that failed; past :data:`MAX_UNEXPECTED_RECOMPILES`, or at torch's recompile limit, it refuses to compile, and
+    the decoder falls back (``auto``) or stops (``true``)."""
 
     def backend(graph, example_inputs, **_):
         limit = torch._dynamo.config.recompile_limit
-        if not stats.new_key:
+        # a new call shape explains what its call's first step compiles (one graph, or one per graph break's
+        # function: where a break falls inside a layer, dynamo compiles that function again for a later layer
+        # within the step, so counting compiles per function would take those for guard failures); nothing
+        # changes between two steps of a call, so a compile at a later step is a guard that failed
+        if not stats.new_key or stats.stepped:
             stats.unexpected_recompiles += 1
             stats.last_guard_failure = guard_failure_since(stats.guard_mark)
             logger.warning(
@@ -483,7 +510,9 @@ class CompiledDecoder:
     def _step(self, *args, **kwargs):
         """One decode step through the compiled forward (:meth:`_run_step`); its failures are the compiled path's."""
         with self._compiled_path():
-            return self._run_step(*args, **kwargs)
+            output = self._run_step(*args, **kwargs)
+        self.stats.stepped = True
+        return output
 
     def _run_step(self, *args, **kwargs):
         """Dynamo checks its guards (every weight's and input's shape, dtype, the model's mode...) before each
@@ -543,14 +572,20 @@ class CompiledDecoder:
     @contextlib.contextmanager
     def _compiled_path(self):
         """Failures inside the block are the compiled path's: raised as :class:`CompiledDecodeFailed`, unless
-        :func:`must_propagate`."""
+        :func:`must_propagate`; those are raised unwrapped (:func:`propagated`)."""
         try:
             yield
         except CompiledDecodeFailed:
             raise
         except Exception as err:
-            if must_propagate(err):
+            inner = propagated(err)
+            if inner is err:
                 raise
+            if inner is not None:  # unwrapped, so that a caller's ``except torch.OutOfMemoryError`` sees it
+                note = f"decode_compile: raised in the compiled decode step; torch wrapped it in {type(err).__name__}"
+                if note not in getattr(inner, "__notes__", ()):
+                    inner.add_note(note)
+                raise inner from None
             raise CompiledDecodeFailed(describe_failure(err, self.stats.guard_mark)) from err
 
     def generate(
@@ -599,6 +634,7 @@ class CompiledDecoder:
         key = (rows, self.max_cache_len, model.training)
         self.stats.new_key = key not in self.stats.graph_keys
         self.stats.graph_keys.add(key)
+        self.stats.stepped = False
         self.stats.calls += 1
         steps_before, skips_before = self.stats.compiled_steps, _cuda_graph_skips()
         language_model = model.get_base_model() if hasattr(model, "get_base_model") else model
