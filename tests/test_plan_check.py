@@ -155,8 +155,8 @@ def test_a_tiny_run_checks_its_plan(family_model, family, tmp_path, caplog, monk
 
     probes: list[Probe] = []
 
-    def install_with_probe(trainer, plan, output_dir):
-        check = install_plan_check(trainer, plan, output_dir)
+    def install_with_probe(trainer, plan, output_dir, **planner):
+        check = install_plan_check(trainer, plan, output_dir, **planner)
         probes.append(Probe(check, before))
         probes[-1].install(trainer)
         return check

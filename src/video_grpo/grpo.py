@@ -130,7 +130,9 @@ def install_check(
     except Exception as err:  # noqa: BLE001 (a planner error is logged, never raised)
         logger.warning(f"plan check: skipped, the step could not be planned ({type(err).__name__}: {err})")
         return
-    install_plan_check(trainer, plan, training_args.output_dir)
+    from video_grpo.plan.startup import plan_at_step, workload_sizes
+
+    install_plan_check(trainer, plan, training_args.output_dir, replan=plan_at_step, sizes_of=workload_sizes)
 
 
 def build_trainer(

@@ -15,6 +15,7 @@ from video_grpo.plan.model import load_model_config, read_model_shape
 from video_grpo.plan.prompt_text import longest_text_around
 from video_grpo.plan.ranks import check_agreement, gather_devices
 from video_grpo.plan.recipe import GB, Plan, make_plan, resolve_gpu
+from video_grpo.plan.sizes import step_sizes
 from video_grpo.plan.workload import decode_cache_positions, workload_from_recipe, worst_case_video
 from video_grpo.runtime.launch_env import launch_from_environment
 
@@ -172,3 +173,49 @@ def decode_cache_tokens(
         logger.warning(f"decode_compile: could not size the static cache from the recipe ({err})")
         return None
     return decode_cache_positions(visual + around.tokens(pairs), pairs, completion_tokens)
+
+
+def workload_sizes(plan) -> dict:
+    """The sizes a plan was made at, as :meth:`video_grpo.runtime.memory_check.PlanCheck.seen_sizes` records a step's."""
+    work, sizes = plan.work, step_sizes(plan.shape, plan.work)
+    return {
+        "prompt_tokens": work.prompt_tokens,
+        "completion_tokens": work.completion_tokens,
+        "video_grid": list(sizes.grid),
+        "micro_batch_rows": work.micro_batch_rows,
+        "generation_rows": work.generation_rows,
+        "loss_length": sizes.loss_length,  # of a loss forward's rows, packed by prompt or not
+        "scored_tokens": sizes.scored,
+    }
+
+
+def plan_at_step(plan, seen: dict):
+    """``plan`` made again at the sizes a measured step saw (:attr:`video_grpo.runtime.memory_check.PlanCheck.seen`): its largest video's grid,
+    its longest prompt (the text is what the longest prompt holds besides that video's placeholders), its longest
+    answer, its rows and, when the forwards are packed by prompt, its widest packed row and the answer tokens a
+    micro-batch scored; a size not seen keeps the plan's. The compiled decoder's static cache keeps the plan's
+    length: the trainer sized it once, from the recipe's worst case. No collective call, no weights: the planner
+    traces one layer of each kind on fake tensors, at the new sizes."""
+    work = plan.work
+    changes: dict = {"static_cache_tokens": work.decode_cache_tokens}
+    visual = work.visual_tokens
+    if seen["grid"] is not None:
+        pairs, height, width = seen["grid"]
+        per_pair = height * width // plan.shape.merge**2
+        visual = pairs * per_pair
+        changes.update(
+            visual_tokens=visual,
+            temporal_patches=pairs,
+            frame_tokens=per_pair,
+            video_grid=tuple(seen["grid"]),
+        )
+    changes["text_tokens"] = max(0, seen["prompt"] - visual)
+    changes["completion_tokens"] = seen["answer"]
+    for rows in ("micro_batch_rows", "generation_rows"):
+        if seen[rows]:
+            changes[rows] = seen[rows]
+    if work.shared_prefix and seen["loss_length"]:  # packed: each answer at its own length
+        changes.update(loss_length=seen["loss_length"], scored_tokens=seen["scored"])
+    step_plan = make_plan(plan.shape, work.replace(**changes), plan.gpu)
+    step_plan.source = plan.source
+    return step_plan

@@ -10,7 +10,7 @@ that sees every operator and so slows the measured step (``plan_check: true`` tu
 every answer at ``max_completion_length``. A real step's prompts are usually shorter, so a comparison with the
 worst case would read high on most runs and flag them. The check records the sizes the measured step saw (its
 longest prompt and answer, its largest video's patch grid, its rows) and plans the step again at those sizes
-(:func:`plan_at_step`); the ratios (planned / measured), the flags and the log compare the measured step with that
+(:func:`video_grpo.plan.startup.plan_at_step`); the ratios (planned / measured), the flags and the log compare the measured step with that
 plan. The worst-case plan's margin over the measured step is reported beside them, never flagged. The re-plan runs
 on rank 0 alone, after the step, and makes no collective call (the planner traces layers on fake tensors,
 :mod:`video_grpo.plan.layers`); if it fails, the check compares with the worst case and says so.
@@ -79,9 +79,20 @@ class PlanCheck(TrainerCallback):
     """Measures one step after the first optimizer step and compares each phase with ``planned`` (bytes by phase,
     :attr:`video_grpo.plan.recipe.Plan.memory`). :meth:`install` wraps the trainer's phase boundaries."""
 
-    def __init__(self, trainer, plan, output_dir: str, meter=None, replan: Callable | None = None) -> None:
+    def __init__(
+        self,
+        trainer,
+        plan,
+        output_dir: str,
+        meter=None,
+        replan: Callable | None = None,
+        sizes_of: Callable | None = None,
+    ) -> None:
         self.trainer, self.plan, self.output_dir = trainer, plan, output_dir
-        self.replan = replan or plan_at_step  # (plan, self.seen) -> the plan at the measured step's sizes
+        self.replan = (
+            replan  # (plan, self.seen) -> the plan at the measured step's sizes; None: the worst case
+        )
+        self.sizes_of = sizes_of  # plan -> the sizes it was made at (the record's "sizes")
         self.meter = meter or (
             CudaPeaks() if torch.cuda.is_available() and not trainer.args.use_cpu else LivePeaks()
         )
@@ -381,6 +392,8 @@ class PlanCheck(TrainerCallback):
             return None, f"the step's sizes could not be read ({self.unseen})", 0.0
         if not (self.seen["prompt"] and self.seen["answer"]):
             return None, "the measured step's prompts and answers were not seen", 0.0
+        if self.replan is None:
+            return None, "no planner was given to plan the step at its sizes", 0.0
         started = time.perf_counter()
         try:
             plan = self.replan(self.plan, self.seen)
@@ -443,8 +456,10 @@ class PlanCheck(TrainerCallback):
                 },
             },
             "sizes": {
-                "worst_case": workload_sizes(self.plan),
-                "step": workload_sizes(step_plan) if step_plan is not None else self.seen_sizes(),
+                "worst_case": self.sizes_of(self.plan) if self.sizes_of else None,
+                "step": self.sizes_of(step_plan)
+                if step_plan is not None and self.sizes_of
+                else self.seen_sizes(),
             },
             "replan_s": round(seconds, 3),
             "planned_bytes_by_category": {phase: dict(memory.phases[phase].by_category) for phase in PHASES},
@@ -465,56 +480,11 @@ class PlanCheck(TrainerCallback):
         }
 
 
-def workload_sizes(plan) -> dict:
-    """The sizes a plan was made at, as :meth:`PlanCheck.seen_sizes` records a step's."""
-    from video_grpo.plan.sizes import step_sizes
-
-    work, sizes = plan.work, step_sizes(plan.shape, plan.work)
-    return {
-        "prompt_tokens": work.prompt_tokens,
-        "completion_tokens": work.completion_tokens,
-        "video_grid": list(sizes.grid),
-        "micro_batch_rows": work.micro_batch_rows,
-        "generation_rows": work.generation_rows,
-        "loss_length": sizes.loss_length,  # of a loss forward's rows, packed by prompt or not
-        "scored_tokens": sizes.scored,
-    }
-
-
-def plan_at_step(plan, seen: dict):
-    """``plan`` made again at the sizes a measured step saw (:attr:`PlanCheck.seen`): its largest video's grid,
-    its longest prompt (the text is what the longest prompt holds besides that video's placeholders), its longest
-    answer, its rows and, when the forwards are packed by prompt, its widest packed row and the answer tokens a
-    micro-batch scored; a size not seen keeps the plan's. The compiled decoder's static cache keeps the plan's
-    length: the trainer sized it once, from the recipe's worst case. No collective call, no weights: the planner
-    traces one layer of each kind on fake tensors, at the new sizes."""
-    from video_grpo.plan.recipe import make_plan
-
-    work = plan.work
-    changes: dict = {"static_cache_tokens": work.decode_cache_tokens}
-    visual = work.visual_tokens
-    if seen["grid"] is not None:
-        pairs, height, width = seen["grid"]
-        per_pair = height * width // plan.shape.merge**2
-        visual = pairs * per_pair
-        changes.update(
-            visual_tokens=visual,
-            temporal_patches=pairs,
-            frame_tokens=per_pair,
-            video_grid=tuple(seen["grid"]),
-        )
-    changes["text_tokens"] = max(0, seen["prompt"] - visual)
-    changes["completion_tokens"] = seen["answer"]
-    for rows in ("micro_batch_rows", "generation_rows"):
-        if seen[rows]:
-            changes[rows] = seen[rows]
-    if work.shared_prefix and seen["loss_length"]:  # packed: each answer at its own length
-        changes.update(loss_length=seen["loss_length"], scored_tokens=seen["scored"])
-    step_plan = make_plan(plan.shape, work.replace(**changes), plan.gpu)
-    step_plan.source = plan.source
-    return step_plan
-
-
-def install_plan_check(trainer, plan, output_dir: str) -> PlanCheck:
-    """Measure the run's second step against ``plan`` at the step's own sizes (see the module's docstring)."""
-    return PlanCheck(trainer, plan, output_dir).install()
+def install_plan_check(
+    trainer, plan, output_dir: str, replan: Callable | None = None, sizes_of: Callable | None = None
+) -> PlanCheck:
+    """Measure the run's second step against ``plan`` at the step's own sizes (see the module's docstring).
+    ``replan`` and ``sizes_of`` are the planner's (:func:`video_grpo.plan.startup.plan_at_step`,
+    :func:`~video_grpo.plan.startup.workload_sizes`), given by the command so that this package never imports the
+    planner; without ``replan`` the step is compared with the worst case, and the record says so."""
+    return PlanCheck(trainer, plan, output_dir, replan=replan, sizes_of=sizes_of).install()
