@@ -20,7 +20,7 @@ from transformers import AutoProcessor, set_seed
 from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
 
 from video_grpo.checkpoints import last_complete_checkpoint
-from video_grpo.configs import GRPOScriptArguments, validate_recipe
+from video_grpo.configs import GRPOScriptArguments, current_flag_names, validate_recipe
 from video_grpo.data import build_datasets
 from video_grpo.distributed import end_run, exit_process
 from video_grpo.families import family_of_model
@@ -207,7 +207,7 @@ def build_trainer(
 
 def parse_args(args: list[str] | None = None) -> tuple[GRPOScriptArguments, GRPOConfig, ModelConfig]:
     parser = TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig))
-    return parser.parse_args_and_config(args)
+    return parser.parse_args_and_config(current_flag_names(args))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from transformers import AutoProcessor, set_seed
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
 from video_grpo.answers import render_solution
-from video_grpo.configs import ANSWER_DECIMALS, GRPOScriptArguments
+from video_grpo.configs import ANSWER_DECIMALS, GRPOScriptArguments, current_flag_names
 from video_grpo.data import build_datasets
 from video_grpo.distributed import end_run, exit_process
 from video_grpo.families import ModelFamily, family_of_model
@@ -132,7 +132,9 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
 
 
 def parse_args(args: list[str] | None = None):
-    return TrlParser((SFTScriptArguments, SFTConfig, ModelConfig)).parse_args_and_config(args)
+    return TrlParser((SFTScriptArguments, SFTConfig, ModelConfig)).parse_args_and_config(
+        current_flag_names(args)
+    )
 
 
 if __name__ == "__main__":
