@@ -135,7 +135,7 @@ def main() -> None:
     results = {}
     for mode in ("plain", "once"):
         model = Qwen2_5_VLForConditionalGeneration(config).to(device=device, dtype=dtype)
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
         model.train()
         if mode == "once":
             install(model)

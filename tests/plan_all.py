@@ -13,10 +13,12 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
-from video_grpo.plan.doc_tables import DocPlans
+if TYPE_CHECKING:
+    from video_grpo.plan.doc_tables import DocPlans
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "configs" / "grpo").glob("*.yaml"))
@@ -51,6 +53,7 @@ def plan_all(tiny: dict[str, str], plans: DocPlans | None = None) -> dict[str, d
     from video_grpo.plan import plan_recipe, resolve_gpu
     from video_grpo.plan.cli import plan_json
     from video_grpo.plan.compute import GPUS
+    from video_grpo.plan.doc_tables import DocPlans
 
     plans = plans or DocPlans(REPO)
     out = {}
@@ -93,7 +96,12 @@ def documented_report() -> dict[str, object]:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    from tests.conftest import our_warnings_are_errors
+
+    our_warnings_are_errors()  # the planner, as a user runs it, causes no warning of its own (imports included)
     from video_grpo.plan.cli import recipe_auto_fit
+    from video_grpo.plan.doc_tables import DocPlans
     from video_grpo.plan.docs import render_blocks
 
     doc_plans = DocPlans(REPO)

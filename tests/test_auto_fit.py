@@ -42,9 +42,9 @@ def test_the_cheapest_change_that_fits_is_chosen_in_the_planners_order(tiny_mode
     plan = tiny_plan(tiny_model_dir, 0.16)
     assert plan.fits is False
     fitted = auto_fit(plan, "grpo")
-    assert fitted.changes == ["gradient_checkpointing: true"] and fitted.after.fits
+    assert fitted.changes == ["activation_checkpointing: true"] and fitted.after.fits
     assert fitted.summary().startswith(
-        "auto_fit: gradient_checkpointing: true. Planned peak 0.17 GB -> 0.15 GB"
+        "auto_fit: activation_checkpointing: true. Planned peak 0.17 GB -> 0.15 GB"
     )
     assert fitted.fields == {"gradient_checkpointing": True}
 
@@ -141,6 +141,7 @@ def test_the_planner_previews_auto_fit(tiny_model_dir, capsys, tmp_path):
     assert json.loads(capsys.readouterr().out)["after"] == {"gradient_checkpointing": True}
 
 
+@pytest.mark.usefixtures("our_warnings_raise_but_trls_checkpointing")  # demo_tiny: no warning of ours
 def test_a_cpu_run_fits_itself_and_checks_its_plan(tiny_model_dir, tmp_path, caplog, checkpointed_calls):
     """The issue's command, in-process: demo_tiny with a budget just under its plan (0.16 of 0.172 GB) trains its
     steps with checkpointing on (counted: the loss forwards ran checkpointed segments; tests/test_plan_check.py's
@@ -152,7 +153,7 @@ def test_a_cpu_run_fits_itself_and_checks_its_plan(tiny_model_dir, tmp_path, cap
     with caplog.at_level(logging.WARNING):
         entry.main(*arguments(tiny_model_dir, tmp_path, *flags))
     fitted = json.loads((tmp_path / "auto_fit.json").read_text())
-    assert fitted["changes"] == ["gradient_checkpointing: true"] and fitted["fits_after"]
+    assert fitted["changes"] == ["activation_checkpointing: true"] and fitted["fits_after"]
     saved = torch.load(tmp_path / "training_args.bin", weights_only=False)
     assert saved.gradient_checkpointing and saved.per_device_train_batch_size == 8
     assert saved.generation_batch_size == 8

@@ -148,6 +148,7 @@ class Probe:
 
 
 @pytest.mark.parametrize("family", sorted(RECIPES))
+@pytest.mark.usefixtures("our_warnings_raise")  # a shipped tiny recipe trains without a warning of ours
 def test_a_tiny_run_checks_its_plan(family_model, family, tmp_path, caplog, monkeypatch, checkpointed_calls):
     """The run's record against the test's own census of the same phases of the same step: the plan check must
     have measured what is alive, where the test sees it, and compared it with the plan at the sizes the step saw."""

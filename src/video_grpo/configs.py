@@ -534,6 +534,27 @@ class DataToolArguments(GRPOScriptArguments):
     import_reward_plugins = False
 
 
+# transformers 5.24's deprecated names of TrainingArguments fields -> their current names. The recipes use the
+# current ones; a flag keeps beating the recipe whichever name it is given in (transformers takes the current name
+# over the alias, so `--gradient_checkpointing true` over `activation_checkpointing: false` would be dropped).
+RENAMED_FLAGS = {
+    "--gradient_checkpointing": "--activation_checkpointing",
+    "--gradient_checkpointing_kwargs": "--activation_checkpointing_kwargs",
+}
+
+
+def current_flag_names(args: list[str] | None) -> list[str]:
+    """The command line (``sys.argv[1:]`` when None) with each deprecated field name of :data:`RENAMED_FLAGS`
+    replaced by its current name, for ``TrlParser.parse_args_and_config``."""
+    import sys
+
+    renamed = []
+    for arg in sys.argv[1:] if args is None else args:
+        name, equals, value = arg.partition("=")
+        renamed.append(RENAMED_FLAGS[name] + equals + value if name in RENAMED_FLAGS else arg)
+    return renamed
+
+
 def script_args_from_yaml(path: str, **overrides) -> GRPOScriptArguments:
     """Only the GRPOScriptArguments part of a recipe, without importing its reward plug-ins: for tools (data
     check, preprocess) that load no model and compute no reward."""

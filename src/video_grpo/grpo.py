@@ -19,7 +19,7 @@ import transformers
 from transformers import AutoProcessor, set_seed
 from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
 
-from video_grpo.configs import GRPOScriptArguments, validate_recipe
+from video_grpo.configs import GRPOScriptArguments, current_flag_names, validate_recipe
 from video_grpo.data.dataset import build_datasets
 from video_grpo.data.sample_weights import draw_weights
 from video_grpo.data.sources import recipe_sources
@@ -209,7 +209,7 @@ def build_trainer(
 
 def parse_args(args: list[str] | None = None) -> tuple[GRPOScriptArguments, GRPOConfig, ModelConfig]:
     parser = TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig))
-    return parser.parse_args_and_config(args)
+    return parser.parse_args_and_config(current_flag_names(args))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoProcessor, set_seed
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
-from video_grpo.configs import GRPOScriptArguments
+from video_grpo.configs import GRPOScriptArguments, current_flag_names
 from video_grpo.data.dataset import build_datasets
 from video_grpo.inputs.families import ModelFamily, family_of_model
 from video_grpo.inputs.processing import KeepVideoDtype, encode_rows, video_token_types
@@ -132,7 +132,9 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
 
 
 def parse_args(args: list[str] | None = None):
-    return TrlParser((SFTScriptArguments, SFTConfig, ModelConfig)).parse_args_and_config(args)
+    return TrlParser((SFTScriptArguments, SFTConfig, ModelConfig)).parse_args_and_config(
+        current_flag_names(args)
+    )
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ GRPO_SETTINGS = {
     "loss_type": "grpo",
     "bf16": False,
     "use_cpu": True,
-    "gradient_checkpointing": False,
+    "activation_checkpointing": False,
     "report_to": "none",
     "save_strategy": "no",
     "logging_steps": 1,
@@ -186,6 +186,22 @@ def test_metrics(model_dir: Path, dataset) -> dict:
     }
 
 
+# The cold start's SFTConfig settings (the demo's too: scripts/demo_flash.py prepare).
+SFT_SETTINGS = {
+    "per_device_train_batch_size": 16,
+    "lr_scheduler_type": "constant",
+    "bf16": False,
+    "use_cpu": True,
+    "activation_checkpointing": False,
+    "report_to": "none",
+    "save_strategy": "no",
+    "logging_steps": 10,
+    "remove_unused_columns": False,
+    "dataset_kwargs": {"skip_prepare_dataset": True},
+    "disable_tqdm": True,
+}
+
+
 def sft(
     model_dir: Path,
     dataset,
@@ -204,21 +220,7 @@ def sft(
 
     processor = AutoProcessor.from_pretrained(model_dir)
     args = SFTConfig(
-        output_dir=str(out),
-        max_steps=steps,
-        per_device_train_batch_size=16,
-        learning_rate=learning_rate,
-        lr_scheduler_type="constant",
-        bf16=False,
-        use_cpu=True,
-        gradient_checkpointing=False,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=10,
-        seed=seed,
-        remove_unused_columns=False,
-        dataset_kwargs={"skip_prepare_dataset": True},
-        disable_tqdm=True,
+        output_dir=str(out), max_steps=steps, learning_rate=learning_rate, seed=seed, **SFT_SETTINGS
     )
     trainer = SFTTrainer(
         model=str(model_dir),

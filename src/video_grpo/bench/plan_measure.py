@@ -356,7 +356,7 @@ def build_policy(config, setting: StepSetting, mode: HalfFake | None):
     if mode is not None:
         fake_parameters(model, mode)
     if setting.gradient_checkpointing:
-        model.gradient_checkpointing_enable({"use_reentrant": False})
+        model.activation_checkpointing_enable({"use_reentrant": False})
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     frozen = not any(p.requires_grad for p in base.model.visual.parameters())
     install(model, reuse_across_calls=frozen)  # as the trainer does: a frozen tower's features are kept

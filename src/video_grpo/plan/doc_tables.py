@@ -247,7 +247,7 @@ def recipe_times(plans: DocPlans) -> str:
 
 
 OVERRIDES = {  # how a change of video_grpo.plan.fitting.alternatives is made: a flag, a launch or a setting
-    "checkpointing": lambda work: "`--gradient_checkpointing true`",
+    "checkpointing": lambda work: "`--activation_checkpointing true`",
     "micro-batch": lambda work: (
         f"`--per_device_train_batch_size {work.micro_batch_rows} --gradient_accumulation_steps "
         f"{work.gradient_accumulation} --steps_per_generation {work.generation_rows // work.micro_batch_rows}`"

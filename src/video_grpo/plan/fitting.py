@@ -15,7 +15,7 @@ def alternatives(work: Workload) -> list[tuple[str, str, Workload]]:
     options: list[tuple[str, str, Workload]] = []
     if not work.gradient_checkpointing:
         options.append(
-            ("checkpointing", "gradient_checkpointing: true", work.replace(gradient_checkpointing=True))
+            ("checkpointing", "activation_checkpointing: true", work.replace(gradient_checkpointing=True))
         )
     if work.micro_batch_rows > 1 and work.micro_batch_rows % 2 == 0:
         # the same generation batch and optimizer batch, in micro-batches half the size: steps_per_generation

@@ -223,7 +223,7 @@ def vision_tower_cost(
     model = _model(config, getattr(torch, dtype), 0, ())
     if checkpointed:
         model.train()
-        model.gradient_checkpointing_enable({"use_reentrant": False})
+        model.activation_checkpointing_enable({"use_reentrant": False})
     visual = model.model.visual
     fake_parameters(visual, mode)
     visual.requires_grad_(grad)

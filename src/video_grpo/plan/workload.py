@@ -153,6 +153,14 @@ def recipe_values(path: str | Path) -> dict:
     if unknown:
         raise ValueError(f"{path}: unknown fields {unknown}; they are not fields of the recipe's dataclasses")
     values.update(recipe)
+    # as TrainingArguments resolves them: the new name wins, the deprecated alias (TRL's default True) fills in
+    for old, new in (
+        ("gradient_checkpointing", "activation_checkpointing"),
+        ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
+    ):
+        if values.get(new) is None:
+            values[new] = values.get(old)
+        values[old] = values[new]
     return values
 
 
