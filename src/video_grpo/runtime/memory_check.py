@@ -456,7 +456,7 @@ class PlanCheck(TrainerCallback):
                 },
             },
             "sizes": {
-                "worst_case": self.sizes_of(self.plan) if self.sizes_of else None,
+                "worst_case": self.sizes_of(self.plan) if self.sizes_of else planned_lengths(self.plan),
                 "step": self.sizes_of(step_plan)
                 if step_plan is not None and self.sizes_of
                 else self.seen_sizes(),
@@ -478,6 +478,17 @@ class PlanCheck(TrainerCallback):
             "loss_length": seen["loss_length"] or None,
             "scored_tokens": seen["scored"] or None,
         }
+
+
+def planned_lengths(plan) -> dict:
+    """The sizes a plan's workload states outright, for a check given no planner to ask for the rest."""
+    work = plan.work
+    return {
+        "prompt_tokens": work.prompt_tokens,
+        "completion_tokens": work.completion_tokens,
+        "micro_batch_rows": work.micro_batch_rows,
+        "generation_rows": work.generation_rows,
+    }
 
 
 def install_plan_check(
