@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -103,9 +104,15 @@ def _model(config, dtype: torch.dtype, lora_rank: int, lora_targets: tuple[str, 
             not targets
         ):  # this layer kind has none of them (Qwen3.5's Gated DeltaNet): frozen, as PEFT leaves it
             return model.requires_grad_(False)
-        model = get_peft_model(
-            model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules=targets)
-        )
+        with warnings.catch_warnings():
+            # PEFT's PeftModel reads transformers' deprecated ``is_gradient_checkpointing`` property whatever it is
+            # given (peft_model.py), once per traced layer kind: a library's own deprecation, not a call of ours.
+            warnings.filterwarnings(
+                "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+            )
+            model = get_peft_model(
+                model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules=targets)
+            )
         model = model.get_base_model()
     return model
 
