@@ -28,6 +28,7 @@ PLAN_ENTRY_POINTS = {  # what the trainer needs of the planner
     "video_grpo.plan.live_memory",  # the CPU plan check counts live tensor bytes (video_grpo.memory_check)
 }
 PLAN_LAYERS = (  # the order a plan is made in (docs/internals.md lists them so)
+    "cache",  # what depends only on the model and widths, kept (imports no planner module)
     "prompt_text",
     "workload",
     "model",
