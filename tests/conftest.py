@@ -19,6 +19,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
+# The planner's disk cache (video_grpo.plan.cache) in the checkout, not the user's home: a fresh clone plans cold, as
+# CI does, and the tests never read or write what the user's own planner calls kept.
+os.environ.setdefault("VIDEO_GRPO_PLAN_CACHE", str(REPO / "outputs" / "plan-cache"))
 SAMPLES = REPO / "data_samples"
 REFERENCE = REPO.parent / "shared" / "reference"
 

@@ -34,6 +34,7 @@ TOOLS = ("plan", "bench", "toys")
 # commands that live in a stage package: they may read the recipe (video_grpo.configs) and any stage
 STAGE_COMMANDS = {"video_grpo.data.check", "video_grpo.data.__main__"}
 PLAN_LAYERS = (  # the order a plan is made in (docs/internals.md lists them so)
+    "cache",  # what depends only on the model and widths, kept (imports no planner module)
     "prompt_text",
     "workload",
     "model",

@@ -19,7 +19,8 @@ import pytest
 import torch
 import yaml
 
-from video_grpo.plan import main, plan_recipe, suggestions
+from video_grpo.plan import cache, main, plan_recipe, suggestions
+from video_grpo.plan.cli import plan_json
 from video_grpo.plan.doc_tables import PLAN_HEADER as HEADER
 from video_grpo.plan.model import shipped_model_configs
 from video_grpo.plan.workload import worst_case_video
@@ -94,7 +95,7 @@ def _wait_for(path: Path, timeout: float) -> dict:
     return json.loads(path.read_text())
 
 
-def test_a_plan_is_a_function_of_its_inputs(fresh_plans, family_model, train_file, tmp_path):
+def test_a_plan_is_a_function_of_its_inputs(fresh_plans, family_model, train_file, tmp_path, monkeypatch):
     """Every shipped recipe planned in this process, after a tiny trainer of each family was built and stepped
     here, equals the fresh-process plan to the byte (grpo.main plans in-process, the command in a fresh one). In
     the suite a test's threads once left transformers' weight tying switched off and the Qwen3.5 plan grew by
@@ -113,6 +114,9 @@ def test_a_plan_is_a_function_of_its_inputs(fresh_plans, family_model, train_fil
         trainer.train()
         assert trainer.state.global_step == 1
     assert hasattr(Qwen3_5GatedDeltaNet.forward, "__wrapped__")  # the packed Qwen3.5 step installed the fork
+    # traced here, after those steps: nothing kept from before them or read from the disk cache
+    monkeypatch.setenv(cache.ENV, "off")
+    cache.clear_memory()
     here = plan_all({family: str(family_model(family)) for family in FAMILIES})
     fresh = fresh_plans()["plans"]
     assert set(here) == set(fresh) == {r.stem for r in RECIPES}
@@ -376,11 +380,81 @@ def test_a_process_with_weight_tying_switched_off_is_refused(monkeypatch):
 
     from video_grpo.plan.model import load_model_config, read_model_shape
 
+    monkeypatch.setenv(cache.ENV, "off")  # the model is built here, not read from what an earlier plan kept
+    cache.clear_memory()
     config, _ = load_model_config("Qwen/Qwen2.5-VL-3B-Instruct")  # tied embeddings
     assert read_model_shape(config).tied
+    cache.clear_memory()
     monkeypatch.setattr(PreTrainedModel, "tie_weights", lambda self, *args, **kwargs: None)
     with pytest.raises(RuntimeError, match="lm_head.weight apart .* weight tying is switched off"):
         read_model_shape(config)
+
+
+def test_a_kept_plan_is_the_traced_plan(tiny_model_dir, tmp_path, monkeypatch):
+    """A shipped recipe (the CPU demo's, as the tests plan it) planned with nothing kept (every layer traced, the
+    model built) and again in a process that kept nothing in memory, from the disk cache the first wrote: the same
+    plan to the byte, and the second read neither the model's config nor any trace."""
+    from video_grpo.plan.model import ConfigFile
+
+    monkeypatch.setenv(cache.ENV, str(tmp_path))
+    loads = []
+    load = ConfigFile.load
+    monkeypatch.setattr(ConfigFile, "load", lambda self: loads.append(self) or load(self))
+    model = str(tiny_model_dir)
+    recipe = dict(gpu="cpu", gpu_memory_gb=24, model_config=model, overrides={"model_name_or_path": model})
+    plans = []
+    for _ in range(2):
+        cache.clear_memory()
+        before = cache.stats()["misses"]
+        plans.append(plan_recipe("configs/grpo/demo_tiny.yaml", **recipe))
+        plans[-1].misses = cache.stats()["misses"] - before
+    traced, kept = plans
+    assert traced.misses > 0 and list(tmp_path.glob("*.json"))
+    assert (
+        kept.misses == 0 and not loads and "config" not in vars(kept.shape)
+    )  # all from disk, no config read
+    assert json.dumps(plan_json(kept)) == json.dumps(plan_json(traced)) and kept.source == traced.source
+    cache.clear_memory()
+
+
+def test_a_changed_input_is_never_read_from_the_cache(tmp_path, monkeypatch):
+    """The disk cache's key covers what a kept result depends on: a model config that differs in one field, a
+    changed version of transformers, or an edited planner source file is a miss, never the old entry."""
+    from video_grpo.plan.model import find_config_file, read_model_shape
+
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    cache.clear_memory()
+    shipped = shipped_model_configs()["Qwen/Qwen3-VL-4B-Instruct"]
+    shape = read_model_shape(find_config_file("unused", str(shipped)))
+    values = json.loads(shipped.read_text())
+    values["text_config"]["num_hidden_layers"] += 1  # one decoder layer more
+    deeper = tmp_path / "config.json"
+    deeper.write_text(json.dumps(values))
+    cache.clear_memory()
+    more = read_model_shape(find_config_file("unused", str(deeper)))
+    assert len(more.text_layers) == len(shape.text_layers) + 1
+    assert more.params == shape.params + more.text_layer_params["full_attention"]
+    key = cache.file_key(shipped.read_bytes(), False)
+    assert cache.has(key, "shape")
+    version = cache._version
+    for change in ("version", "source"):
+        cache.clear_memory()
+        monkeypatch.setattr(cache, "_fingerprint", None)
+        if change == "version":
+            monkeypatch.setattr(
+                cache, "_version", lambda name: "0.0" if name == "transformers" else version(name)
+            )
+        else:  # the package with one comment more in the layer tracer
+            edited = tmp_path / "video_grpo"
+            (edited / "plan").mkdir(parents=True)
+            for path in [*(cache.PACKAGE / "plan").glob("*.py"), *(cache.PACKAGE / n for n in cache.SOURCES)]:
+                (edited / path.relative_to(cache.PACKAGE)).write_bytes(path.read_bytes())
+            with open(edited / "plan" / "layers.py", "a") as f:
+                f.write("# edited\n")
+            monkeypatch.setattr(cache, "_version", version)
+            monkeypatch.setattr(cache, "PACKAGE", edited)
+        assert not cache.has(cache.file_key(shipped.read_bytes(), False), "shape"), change
+    cache.clear_memory()
 
 
 def test_a_plan_that_cannot_be_made_never_stops_training(caplog):

@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no_full_depth", action="store_true", help="skip the full-depth 3B and 7B traces"
     )
     plan_parser.add_argument(
+        "--speed_only",
+        action="store_true",
+        help="only the planner's own speed: the command and every shipped recipe, cold and warm",
+    )
+    plan_parser.add_argument("--speed_runs", type=int, default=3, help="fresh processes per speed figure")
+    plan_parser.add_argument(
         "--cells",
         help="START:END, a slice of the grid's cells (split a run over processes; 0:0 runs no cell)",
     )
@@ -81,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
                 if args.cells
                 else None
             )
-            plan_rows(args.quick, full_depth=not args.no_full_depth, cells=cells)
+            if not args.speed_only:
+                plan_rows(args.quick, full_depth=not args.no_full_depth, cells=cells)
+            from video_grpo.bench.plan_speed import plan_speed_rows
+
+            plan_speed_rows(args.speed_runs)
     elif args.command == "perf":
         json_lines.emit_stream = sys.stdout
         with _TrainerLogsToStderr():

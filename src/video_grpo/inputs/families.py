@@ -38,8 +38,10 @@ Placeholder ids (``image_token_id``, ``video_token_id``, ``vision_start_token_id
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the planner reads families without torch (video_grpo.plan.cache)
+    import torch
 
 VIDEO_BLOCK = "<|vision_start|><|video_pad|><|vision_end|>"
 VIDEO_PAD = "<|video_pad|>"
@@ -140,6 +142,8 @@ class ModelFamily:
         mean spacing, not the processor's frames / fps estimate, which is wrong for variable-frame-rate files."""
         if self.time_in_text:
             return {}
+        import torch
+
         from video_grpo.data.video import frame_spacing
 
         seconds = [self.temporal_patch * frame_spacing(metadata) for metadata in metadatas]

@@ -2,6 +2,8 @@
 
 Modules, in the order a plan is made (each imports only those above it):
 
+- :mod:`~video_grpo.plan.cache`: what depends only on the model and widths, kept in-process and on disk (a plan
+  made before from the same model, source and versions skips the meta model and the traces);
 - :mod:`~video_grpo.plan.workload`: what a recipe asks of one GPU's step (worst-case video, group, launch);
 - :mod:`~video_grpo.plan.model`: an architecture's shape and exact parameter counts, from ``config.json``;
 - :mod:`~video_grpo.plan.sizes`: the step's token and row counts;

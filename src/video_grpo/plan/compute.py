@@ -12,10 +12,9 @@ Times assume efficiencies, stated in the output: a plan says which phase dominat
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-import torch
-
+from video_grpo.plan import cache
 from video_grpo.plan.layers import vision_chunks
 from video_grpo.plan.model import ModelShape, meta_model
 from video_grpo.plan.sizes import DTYPE_BYTES, step_sizes
@@ -60,6 +59,15 @@ class LinearSizes:
 
 @functools.lru_cache(maxsize=16)
 def linear_sizes(shape: ModelShape) -> LinearSizes:
+    """The model's :class:`LinearSizes`, measured on its meta model once per model (:mod:`video_grpo.plan.cache`)."""
+    return LinearSizes(
+        **cache.cached(cache.shape_key(shape), "linear_sizes", lambda: asdict(measure_linear(shape)))
+    )
+
+
+def measure_linear(shape: ModelShape) -> LinearSizes:
+    import torch
+
     model = meta_model(shape.config)
 
     def macs(module) -> int:
@@ -98,8 +106,16 @@ def attention_flops(heads: int, head_dim: int, sequences: list[int], backward: b
 
 
 def vision_chunk_lengths(shape: ModelShape, grid: tuple[int, int, int], windowed: bool) -> list[int]:
-    cu = vision_chunks(shape, grid, windowed).tolist()
-    return [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)]
+    """The lengths of a vision block's attention chunks (:func:`video_grpo.plan.layers.vision_chunks`), kept per
+    model and grid (:mod:`video_grpo.plan.cache`)."""
+
+    def lengths() -> list[int]:
+        cu = vision_chunks(shape, grid, windowed).tolist()
+        return [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)]
+
+    return cache.cached(
+        cache.shape_key(shape), cache.entry_name("vision_chunk_lengths", grid, windowed), lengths
+    )
 
 
 @dataclass

@@ -14,13 +14,14 @@ import copy
 import functools
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from video_grpo.plan.fake_trace import HalfFake, fake_parameters
+from video_grpo.plan import cache
 from video_grpo.plan.model import DEFAULT_LORA_TARGETS, ModelShape, meta_model
-from video_grpo.runtime.live_memory import LiveBytes
+
+if TYPE_CHECKING:  # imported where a layer is traced: a plan whose traces are all cached needs neither
+    import torch
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,10 @@ def trace(
     """Run ``call(requires_grad)`` (inputs made inside it) under a :class:`HalfFake` mode already entered by the
     caller, and count: without ``grad``, a forward without grad; with it, a forward with grad and, if
     ``backward``, its backward (each trace runs only what the step's walk reads of it)."""
+    import torch
+
+    from video_grpo.runtime.live_memory import LiveBytes
+
     if not grad:
         with torch.no_grad(), LiveBytes() as nograd:
             call(False)
@@ -117,6 +122,12 @@ def _model(config, dtype: torch.dtype, lora_rank: int, lora_targets: tuple[str, 
     return model
 
 
+def _kept(shape: ModelShape, function: Callable[..., LayerCost], *args) -> LayerCost:
+    """``function(shape, *args)``, traced once per model and arguments (:mod:`video_grpo.plan.cache`)."""
+    name = cache.entry_name(function.__name__, *args)
+    return LayerCost(**cache.cached(cache.shape_key(shape), name, lambda: asdict(function(shape, *args))))
+
+
 @functools.lru_cache(maxsize=64)
 def text_layer_cost(
     shape: ModelShape,
@@ -133,6 +144,28 @@ def text_layer_cost(
     """One decoder layer of ``kind`` on ``rows`` x ``length`` tokens. ``mask``: a 4-D boolean attention mask (the
     packed or padded training rows) instead of plain causal attention (a prefill). ``input_grad``: whether its
     input requires grad (not for LoRA's first layer, whose embedding is frozen, without checkpointing)."""
+    return _kept(
+        shape, trace_text_layer, kind, dtype, rows, length, mask, grad, lora_rank, lora_targets, input_grad
+    )
+
+
+def trace_text_layer(
+    shape: ModelShape,
+    kind: str,
+    dtype: str,
+    rows: int,
+    length: int,
+    mask: bool,
+    grad: bool,
+    lora_rank: int,
+    lora_targets: tuple[str, ...],
+    input_grad: bool,
+) -> LayerCost:
+    """:func:`text_layer_cost`, traced."""
+    import torch
+
+    from video_grpo.plan.fake_trace import HalfFake, fake_parameters
+
     mode = HalfFake()
     model = _model(_depth_one(shape, kind), getattr(torch, dtype), lora_rank, lora_targets)
     language = model.model.language_model
@@ -170,6 +203,7 @@ def text_layer_cost(
 
 def vision_chunks(shape: ModelShape, grid: tuple[int, int, int], windowed: bool) -> torch.Tensor:
     """``cu_seqlens`` of a vision block: one sequence per frame pair, or Qwen2.5-VL's windows."""
+    import torch
     from transformers.vision_utils import get_vision_cu_seqlens, get_vision_window_index
 
     grid_thw = torch.tensor([grid])
@@ -186,6 +220,17 @@ def vision_block_cost(
     shape: ModelShape, dtype: str, grid: tuple[int, int, int], windowed: bool, grad: bool
 ) -> LayerCost:
     """One vision block over one video of ``grid`` (t, h, w patches)."""
+    return _kept(shape, trace_vision_block, dtype, grid, windowed, grad)
+
+
+def trace_vision_block(
+    shape: ModelShape, dtype: str, grid: tuple[int, int, int], windowed: bool, grad: bool
+) -> LayerCost:
+    """:func:`vision_block_cost`, traced."""
+    import torch
+
+    from video_grpo.plan.fake_trace import HalfFake, fake_parameters
+
     mode = HalfFake()
     model = _model(_depth_one(shape, full_vision_block=not windowed), getattr(torch, dtype), 0, ())
     block = model.model.visual.blocks[0]
@@ -223,6 +268,22 @@ def vision_tower_cost(
     merger as the difference of the two. ``checkpointed``: the block under gradient checkpointing, which keeps
     its inputs (hidden states and the rotary tables, once for every block) instead of what it saved. The walk
     reads only what its forward keeps and its output, so its backward is not run."""
+    return _kept(shape, trace_vision_tower, dtype, grid, grad, deepstack, checkpointed)
+
+
+def trace_vision_tower(
+    shape: ModelShape,
+    dtype: str,
+    grid: tuple[int, int, int],
+    grad: bool,
+    deepstack: bool,
+    checkpointed: bool,
+) -> LayerCost:
+    """:func:`vision_tower_cost`, traced."""
+    import torch
+
+    from video_grpo.plan.fake_trace import HalfFake, fake_parameters
+
     mode = HalfFake()
     config = _depth_one(shape)
     if deepstack:

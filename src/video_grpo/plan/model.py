@@ -6,13 +6,17 @@ read), so whatever transformers builds for the config is what is counted, in eve
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from video_grpo.inputs.families import ModelFamily, detect_family
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_LORA_TARGETS = (
     "q_proj",
@@ -111,15 +115,17 @@ def load_model_config(
     return _read_config_file(shipped), note
 
 
-def meta_model(config, dtype: torch.dtype = torch.bfloat16):
+def meta_model(config, dtype: torch.dtype | None = None):
     """The model of ``config`` on the meta device: every parameter's shape and dtype, no storage.
 
     Inside a ZeRO-3 launch transformers wraps ``from_config`` in ``deepspeed.zero.Init``, which broadcasts every
     parameter to the other ranks; the planner runs on rank 0 alone, so that broadcast would have no partner and
     the launch would abort. ``set_zero3_state`` tells transformers that ZeRO-3 init is already handled."""
+    import torch
     from transformers import AutoModelForImageTextToText
     from transformers.modeling_utils import set_zero3_state
 
+    dtype = dtype or torch.bfloat16
     with torch.device("meta"), set_zero3_state():
         model = AutoModelForImageTextToText.from_config(config, dtype=dtype)
     check_tied(model)
@@ -153,7 +159,7 @@ class ModelShape:
     """What the planner needs of an architecture."""
 
     family: ModelFamily
-    config: object = field(repr=False, compare=False)
+    load_config: Callable[[], object] = field(repr=False, compare=False)  # gives the transformers config
     vision_params: int
     language_params: int  # decoder layers, norms and the input embedding
     head_params: int  # the output projection when it is not tied to the input embedding
@@ -180,6 +186,12 @@ class ModelShape:
     window_patches: int  # patches per window side (window_size / patch_size)
     linear_attention: dict = field(default_factory=dict)  # Qwen3.5's Gated DeltaNet sizes
     linear_layers: tuple[tuple[str, int], ...] = ()  # (name, in + out) of every language-model linear layer
+
+    @functools.cached_property
+    def config(self):
+        """The model's transformers config, read when first asked: a plan whose measurements are all kept
+        (:mod:`video_grpo.plan.cache`) never asks, and so imports neither transformers nor torch."""
+        return self.load_config()
 
     @property
     def params(self) -> int:
@@ -210,9 +222,85 @@ class ModelShape:
         return rank * sum(size for name, size in self.linear_layers if name in targets)
 
 
-def read_model_shape(config) -> ModelShape:
-    """The :class:`ModelShape` of a transformers config (any supported family)."""
-    family = detect_family(config)
+@dataclass(frozen=True)
+class ConfigFile:
+    """A model's ``config.json``, found without transformers, and how :func:`load_model_config` reads it."""
+
+    path: Path
+    pretrained: bool  # AutoConfig.from_pretrained on its folder; else AutoConfig.for_model on its values
+    note: str | None  # load_model_config's note
+
+    def load(self):
+        """The transformers config, as :func:`load_model_config` makes it from this file."""
+        if self.pretrained:
+            from transformers import AutoConfig
+
+            return AutoConfig.from_pretrained(self.path.parent)
+        return _read_config_file(self.path)
+
+    def key(self) -> str:
+        """The cache key of the model (:func:`video_grpo.plan.cache.file_key`)."""
+        from video_grpo.plan import cache
+
+        return cache.file_key(self.path.read_bytes(), self.pretrained)
+
+
+def find_config_file(model: str, model_config: str | None, revision: str | None = None) -> ConfigFile | None:
+    """The file :func:`load_model_config` reads (offline) for these arguments, found without importing
+    transformers, or None where only transformers can tell: a Hub id the local Hugging Face cache holds (its
+    revision is resolved there), or a path that is not there (whose error load_model_config words)."""
+    if model_config is not None:
+        path = Path(model_config)
+        if path.is_file():
+            return ConfigFile(path, False, None)
+        return ConfigFile(path / "config.json", True, None) if (path / "config.json").is_file() else None
+    if Path(model).is_dir():
+        path = Path(model) / "config.json"
+        return ConfigFile(path, True, None) if revision is None and path.is_file() else None
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    if (Path(HF_HUB_CACHE) / ("models--" + model.replace("/", "--"))).exists():
+        return None
+    shipped = shipped_model_configs().get(model)
+    if shipped is None:
+        return None
+    note = (
+        f"plan: {model}'s architecture from {MODEL_CONFIGS}/{shipped.name}, shipped with video_grpo "
+        "(--model_config to plan another)"
+    )
+    return ConfigFile(shipped, False, note)
+
+
+def read_model_shape(config, key: str | None = None) -> ModelShape:
+    """The :class:`ModelShape` of a transformers config (any supported family), or of a :class:`ConfigFile`, read
+    only if a number is not kept. Its numbers are measured on a meta model once per model
+    (:mod:`video_grpo.plan.cache`), here or in an earlier process; ``key``: the model's cache key, if not the
+    config's own (:func:`video_grpo.plan.cache.model_key`)."""
+    from video_grpo.plan import cache
+
+    if isinstance(config, ConfigFile):
+        key, load = key or config.key(), config.load
+    else:
+        key, load = key or cache.model_key(config), (lambda config=config: config)
+    family = detect_family(cache.cached(key, "model_type", lambda: load().model_type))
+    measured = cache.cached(key, "shape", lambda: measure_shape(load()))
+    shape = ModelShape(
+        family=family,
+        load_config=load,
+        **{
+            **measured,
+            "text_layers": tuple(measured["text_layers"]),
+            "linear_layers": tuple((name, size) for name, size in measured["linear_layers"]),
+        },
+    )
+    cache.remember_shape(shape, key)
+    return shape
+
+
+def measure_shape(config) -> dict:
+    """:func:`read_model_shape`'s numbers (every field but the family and the config), counted on the meta model."""
+    import torch
+
     model = meta_model(config)
     text, vision = config.get_text_config(), config.vision_config
 
@@ -247,10 +335,8 @@ def read_model_shape(config) -> ModelShape:
         for name, module in model.named_modules()
         if isinstance(module, torch.nn.Linear) and name.startswith("model.language_model.")
     )
-    return ModelShape(
+    return dict(
         linear_layers=linear_layers,
-        family=family,
-        config=config,
         vision_params=count("model.visual."),
         language_params=count("model.language_model."),
         head_params=0 if tied else head.numel(),

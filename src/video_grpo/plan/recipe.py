@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from video_grpo.plan import cache
 from video_grpo.plan.compute import COMPUTE_EFFICIENCY, DECODE_BANDWIDTH_EFFICIENCY, GPUS, plan_compute
 from video_grpo.plan.memory import MemoryPlan, plan_memory
-from video_grpo.plan.model import ModelShape, load_model_config, read_model_shape
+from video_grpo.plan.model import ModelShape, find_config_file, load_model_config, read_model_shape
 from video_grpo.plan.workload import (
     Workload,
     accelerate_values,
@@ -129,6 +130,18 @@ def make_plan(shape: ModelShape, work: Workload, gpu: dict | None) -> Plan:
     return Plan(shape, work, memory, compute.flops, seconds, gpu)
 
 
+def stateful_text(shape: ModelShape) -> bool:
+    """Whether the model has sequence-state layers its family cannot fork (:func:`video_grpo.inputs.prefix.unforkable_layers`),
+    kept per model (:mod:`video_grpo.plan.cache`): importing ``video_grpo.inputs.prefix`` imports the model code."""
+
+    def unforkable() -> bool:
+        from video_grpo.inputs.prefix import unforkable_layers
+
+        return bool(unforkable_layers(shape.config))
+
+    return cache.cached(cache.shape_key(shape), "stateful_text", unforkable)
+
+
 def plan_recipe(
     config: str,
     accelerate_config: str | None = None,
@@ -141,18 +154,17 @@ def plan_recipe(
 ) -> Plan:
     """The :class:`Plan` of a recipe file on a launch; ``overrides`` replace recipe fields (as command-line flags
     to ``video_grpo.grpo`` would)."""
-    from video_grpo.inputs.prefix import unforkable_layers
-
     values = recipe_values(config)
     values.update(overrides or {})
-    model_values, source = load_model_config(
-        values["model_name_or_path"], model_config, values.get("model_revision")
-    )
-    shape = read_model_shape(model_values)
+    model, revision = values["model_name_or_path"], values.get("model_revision")
+    found = find_config_file(model, model_config, revision)
+    if found is not None and cache.has(found.key(), "shape"):  # measured before: the config is read if asked
+        shape, source = read_model_shape(found), found.note
+    else:  # read now, with load_model_config's errors
+        model_values, source = load_model_config(model, model_config, revision)
+        shape = read_model_shape(model_values, found.key() if found is not None else None)
     launch = accelerate_values(accelerate_config, num_processes, zero_stage)
-    work = workload_from_recipe(
-        values, shape.family, launch, stateful_text=bool(unforkable_layers(model_values))
-    )
+    work = workload_from_recipe(values, shape.family, launch, stateful_text=stateful_text(shape))
     plan = make_plan(shape, work, resolve_gpu(gpu, gpu_memory_gb))
     plan.source = source
     return plan

@@ -136,17 +136,11 @@ def worst_case_video(
 def recipe_values(path: str | Path) -> dict:
     """The recipe's fields over the defaults of the three dataclasses it fills (nothing is instantiated)."""
     import yaml
-    from trl import GRPOConfig, ModelConfig
 
     from video_grpo.configs import GRPOScriptArguments
+    from video_grpo.plan.cache import dataclass_defaults, trl_defaults
 
-    values: dict = {}
-    for cls in (GRPOConfig, ModelConfig, GRPOScriptArguments):
-        for spec in dataclasses.fields(cls):
-            if spec.default is not dataclasses.MISSING:
-                values[spec.name] = spec.default
-            elif spec.default_factory is not dataclasses.MISSING:
-                values[spec.name] = spec.default_factory()
+    values: dict = {**trl_defaults(), **dataclass_defaults(GRPOScriptArguments)}
     with open(path) as f:
         recipe = yaml.safe_load(f) or {}
     unknown = sorted(set(recipe) - set(values))

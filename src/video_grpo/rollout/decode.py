@@ -55,11 +55,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from video_grpo.rollout.static_cache import fill_layer, init_layer, layer_initialized, row_view
+
+if TYPE_CHECKING:  # imported where used: the planner reads the settings below without importing torch
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +91,17 @@ def parse_decode_compile(value: Any, name: str = "decode_compile") -> str:
     return text
 
 
+def device_type(device: torch.device | str) -> str:
+    """``torch.device(device).type``; a name ("cuda", "cuda:1", "cpu") is read without importing torch."""
+    if isinstance(device, str):
+        return device.split(":", 1)[0]
+    return device.type
+
+
 def decode_compile_on(value: str, device: torch.device | str) -> bool:
     """Whether ``decode_compile`` (parsed) compiles on ``device``: ``auto`` means on CUDA only."""
     if value == "auto":
-        return torch.device(device).type == "cuda"
+        return device_type(device) == "cuda"
     return value == "true"
 
 
@@ -142,7 +150,7 @@ def step_fullgraph(
         return False, "ZeRO-3's pre-forward hook runs between graphs"
     if attn_implementation and _is_flash_attention(attn_implementation):
         return False, f"{attn_implementation} is a graph break"
-    if kernel_layers and torch.device(device).type == "cuda":
+    if kernel_layers and device_type(device) == "cuda":
         return False, f"{', '.join(kernel_layers)} layers may run hub kernels on CUDA"
     return True, "one graph"
 
@@ -195,7 +203,7 @@ def decode_settings(
             "ZeRO-3 without ds3_gather_for_generation fetches each layer's weights inside the forward, so no rank "
             "holds the whole policy while decoding"
         )
-    on_cuda = torch.device(device).type == "cuda"
+    on_cuda = device_type(device) == "cuda"
     fullgraph, graph_why = step_fullgraph(zero_stage, attn_implementation, device, kernel_layers)
     shape = "one graph" if fullgraph else f"graph breaks allowed ({graph_why})"
     # under ZeRO-3 a later step of a call needed a recompile on the CPU twin: every step checks every guard there
@@ -273,6 +281,8 @@ def error_chain(error: BaseException) -> list[BaseException]:
 def is_out_of_memory(error: BaseException) -> bool:
     """Whether ``error``, or an error it was raised from, is an allocation failure (CUDA's ``OutOfMemoryError``, or
     the CPU allocator's): never taken for a compile failure."""
+    import torch
+
     return any(
         isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc)
         for exc in error_chain(error)
@@ -290,6 +300,8 @@ def propagated(error: BaseException) -> BaseException | None:
     collective itself, not the wrapper torch raised it in (an error raised inside a backend's compile reaches the
     step's caller as dynamo's ``BackendCompilerFailed``, or inductor's ``InductorError``, and a caller that retries
     smaller catches ``torch.OutOfMemoryError``); None if ``error`` must not propagate."""
+    import torch
+
     fatal = (torch.AcceleratorError, torch.distributed.DistError)
     chain = error_chain(error)
     for found in (
@@ -333,6 +345,8 @@ def _cuda_graph_skips() -> int:
 
 def _compile_graph(settings: DecodeSettings, graph, example_inputs):
     """The backend's compiled callable for one traced graph."""
+    import torch
+
     if settings.backend == "inductor":
         from torch._inductor.compile_fx import compile_fx
 
@@ -349,6 +363,8 @@ def _counting_backend(settings: DecodeSettings, stats: DecodeStats):
     the decoder falls back (``auto``) or stops (``true``)."""
 
     def backend(graph, example_inputs, **_):
+        import torch
+
         limit = torch._dynamo.config.recompile_limit
         # a new call shape explains what its call's first step compiles (one graph, or one per graph break's
         # function: where a break falls inside a layer, dynamo compiles that function again for a later layer
@@ -491,6 +507,8 @@ class CompiledDecoder:
     def _serving_step(self, model):
         """Within the block, transformers' ``generate`` on ``model`` decodes with :meth:`_step` (it takes the
         compiled call it cached for an equal ``CompileConfig``; the previous one is put back after)."""
+        import torch
+
         if self._compiled is None or self._compiled[0] is not model:
             self._compiled = (model, torch.compile(model.__call__, **self.compile_config.to_dict()))
         saved = {
@@ -525,6 +543,8 @@ class CompiledDecoder:
         and on the ZeRO-3 CPU twin a later step of a call did need a recompile there). If dynamo finds a step that
         needs one anyway, it refuses to compile in this stance; the step then runs with every guard, and so do
         all later ones."""
+        import torch
+
         _, compiled = self._compiled
         if not self._guards_checked or not self.skip_guards:
             output = compiled(*args, **kwargs)
@@ -611,6 +631,8 @@ class CompiledDecoder:
         dropped), so it reuses the graph. A sampled call is not: the padding rows would draw from the random
         generator too and change every later token, so it decodes on the cache's first rows, and a new row count
         compiles one more graph (training samples a fixed count: TRL yields whole generation batches only)."""
+        import torch
+
         config = kwargs.get("generation_config") or model.generation_config
         new_tokens = kwargs.get("max_new_tokens") or config.max_new_tokens
         if new_tokens is None:
@@ -755,12 +777,16 @@ def _backbone(model):
 
 
 def _steps(output, input_ids: torch.Tensor) -> int:
+    import torch
+
     sequences = output if isinstance(output, torch.Tensor) else output.sequences
     return sequences.shape[1] - input_ids.shape[1]
 
 
 def _take_rows(output, real: int):
     """The first ``real`` rows of ``generate``'s output (a tensor, or a dict output with per-step tuples)."""
+    import torch
+
     if isinstance(output, torch.Tensor):
         return output[:real]
     for key, value in list(output.items()):

@@ -6,8 +6,10 @@ layer: a skipped layer would decode from zeros."""
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # video_grpo.decode imports this module, and the planner reads decode without torch
+    import torch
 
 
 def layer_kind(layer) -> str:
@@ -73,6 +75,8 @@ def row_view(cache, rows: int):
             }
             part.has_previous_state = dict(layer.has_previous_state)
             tensors = [*part.conv_states.values(), *part.recurrent_states.values()]
+        import torch
+
         for tensor in tensors:
             if tensor is not None:
                 torch._dynamo.mark_static_address(tensor)
