@@ -86,7 +86,7 @@ def test_too_many_bad_samples_stop_the_run_with_a_clear_message(tiny_model_dir, 
     trainer = make_trainer(
         tiny_model_dir, dataset, tmp_path, max_steps=20, trainer_kwargs={"max_bad_sample_fraction": 0.1}
     )
-    with pytest.raises(RuntimeError, match=r"max_bad_sample_fraction=0.1.*video_grpo.data.dataset check"):
+    with pytest.raises(RuntimeError, match=r"max_bad_sample_fraction=0.1.*video_grpo.data check"):
         trainer.train()
 
 

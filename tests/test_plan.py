@@ -448,7 +448,9 @@ def test_a_changed_input_is_never_read_from_the_cache(tmp_path, monkeypatch):
             edited = tmp_path / "video_grpo"
             (edited / "plan").mkdir(parents=True)
             for path in [*(cache.PACKAGE / "plan").glob("*.py"), *(cache.PACKAGE / n for n in cache.SOURCES)]:
-                (edited / path.relative_to(cache.PACKAGE)).write_bytes(path.read_bytes())
+                copy = edited / path.relative_to(cache.PACKAGE)
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                copy.write_bytes(path.read_bytes())
             with open(edited / "plan" / "layers.py", "a") as f:
                 f.write("# edited\n")
             monkeypatch.setattr(cache, "_version", version)
