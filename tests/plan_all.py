@@ -46,10 +46,12 @@ DOCUMENTED = [  # the command docs/planning.md shows first (no --model_config: t
 ]
 
 
-def plan_all(tiny: dict[str, str], plans: DocPlans | None = None) -> dict[str, dict]:
+def plan_all(
+    tiny: dict[str, str], plans: DocPlans | None = None, recipes: list[Path] | None = None
+) -> dict[str, dict]:
     """recipe stem -> what the tests check of its plan. ``tiny``: family -> a tiny model folder of that family,
     for the CPU recipes (planned on one CPU process of 24 GB). ``plans``: where the GPU recipes' plans are made and
-    kept (for the docs' blocks)."""
+    kept (for the docs' blocks). ``recipes``: these (default: every shipped one)."""
     from video_grpo.plan import plan_recipe, resolve_gpu
     from video_grpo.plan.cli import plan_json
     from video_grpo.plan.compute import GPUS
@@ -57,7 +59,7 @@ def plan_all(tiny: dict[str, str], plans: DocPlans | None = None) -> dict[str, d
 
     plans = plans or DocPlans(REPO)
     out = {}
-    for recipe in RECIPES:
+    for recipe in RECIPES if recipes is None else recipes:
         family = tiny_family(recipe)
         if family is not None:
             model = Path(tiny[family])

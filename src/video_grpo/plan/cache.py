@@ -152,9 +152,13 @@ def _write(key: str, name: str, value: Any) -> None:
         entries = _read(path)
         entries[name] = value
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".tmp")
-        with os.fdopen(handle, "w") as f:
-            json.dump(entries, f)
-        os.replace(temporary, path)
+        try:
+            with os.fdopen(handle, "w") as f:
+                json.dump(entries, f)
+            os.replace(temporary, path)
+        finally:  # a failed dump or rename leaves no temporary file behind
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
 
 
 def cached(key: str, name: str, compute: Callable[[], Any]) -> Any:
