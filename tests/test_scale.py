@@ -12,7 +12,7 @@ import yaml
 
 from .conftest import REPO
 from .launch_entry import ended_in_order
-from .test_launch import ENV, changed, free_port, launch, launch_command, load
+from .test_launch import ENV, GUIDED, changed, check_trained_run, free_port, launch, launch_command, load
 
 
 @pytest.mark.launch
@@ -71,7 +71,10 @@ def test_every_gpu_config_has_a_cpu_twin_that_differs_only_in_device_and_process
 
 @pytest.mark.launch
 def test_multi_node_twin_trains_on_two_nodes(tiny_model_dir, tmp_path):
-    """Two `accelerate launch` "nodes" (machine_rank 0 and 1) on this machine, one process each, ZeRO-3, bf16."""
+    """Two `accelerate launch` "nodes" (machine_rank 0 and 1) on this machine, one process each, ZeRO-3, bf16, with
+    ground-truth-guided groups of 8 over the 2 ranks of 4 rows (each group spans both nodes): the launch also holds
+    every check of tests/test_launch.py's training launches (check_trained_run), which ran it on cpu/zero3.yaml
+    before (one launch fewer; the ZeRO-3 stage, bf16 and the 2 ranks are the same)."""
     out, port = tmp_path / "run", free_port()
     nodes = [
         subprocess.Popen(
@@ -79,6 +82,7 @@ def test_multi_node_twin_trains_on_two_nodes(tiny_model_dir, tmp_path):
                 "cpu/multi_node_zero3.yaml",
                 tiny_model_dir,
                 out,
+                *GUIDED,
                 launcher=(
                     "--machine_rank",
                     str(rank),
@@ -100,7 +104,7 @@ def test_multi_node_twin_trains_on_two_nodes(tiny_model_dir, tmp_path):
     logs = [node.communicate(timeout=900)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
     assert "distributed_type=DEEPSPEED num_processes=2 zero_stage=3" in logs[0]
-    assert changed(load(tiny_model_dir), load(out), "vision")
+    check_trained_run(out, logs[0] + logs[1], tiny_model_dir, 3, GUIDED)
     ended_in_order(tmp_path / "ends")  # each rank left main with the process group torn down
 
 
