@@ -32,7 +32,7 @@ Without ``../shared/reference`` (or with ``VIDEO_GRPO_NO_REFERENCE=1``) the test
 widths come from the literal, and every family uses the tiny BPE of :mod:`video_grpo.toys.tiny` (324 tokens) with
 the family's tiny chat template instead of the real tokenizer; the model keeps its real vocabulary size.
 
-Each test takes under a minute and 4-7 GB of memory on a 2-core CPU (fp32, no gradient checkpointing, SGD so
+Each test takes about a minute and 4-7 GB of memory on a 2-core CPU (fp32, no gradient checkpointing, SGD so
 no optimizer state); the numbers are printed. Marked ``launch`` (slow).
 """
 
