@@ -1,5 +1,5 @@
-"""Perf rows of the frame cache on a 30-s clip (``--quick``: 10 s): ``cache_bytes_per_sample``,
-``sample_prep_cache_vs_decode`` and ``cache_fidelity``."""
+"""Perf rows of the frame cache on a 30-s clip: ``cache_bytes_per_sample``, ``sample_prep_cache_vs_decode`` and
+``cache_fidelity``."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ import torch
 from video_grpo.bench.emit import emit
 
 
-def sample_prep(work: Path, repeats: int, seconds: int = 30) -> None:
-    """The rows on a ``seconds``-long clip. Bytes and PSNR are per frame of the same synthetic pattern, so a shorter
-    clip gives the same ratios for less encoding and decoding (``--quick``); the times are per clip."""
+def sample_prep(work: Path, repeats: int) -> None:
     import imageio_ffmpeg
     from torchvision.io import decode_jpeg, encode_jpeg
 
@@ -39,7 +37,7 @@ def sample_prep(work: Path, repeats: int, seconds: int = 30) -> None:
             "-f",
             "lavfi",
             "-i",
-            f"testsrc2=size=640x360:rate=30:duration={seconds}",
+            "testsrc2=size=640x360:rate=30:duration=30",
             "-c:v",
             "libx264",
             "-pix_fmt",
@@ -54,7 +52,7 @@ def sample_prep(work: Path, repeats: int, seconds: int = 30) -> None:
     formats = ("raw", "jpeg")
     sizes = {fmt: write_cache(cache, str(video), sampling, decoded, fmt).stat().st_size for fmt in formats}
     frames, height, width = decoded.frames.shape[0], decoded.metadata["height"], decoded.metadata["width"]
-    clip = f"{seconds} s, 640x360, 30 fps h264; {frames} frames of {width}x{height} at 2 fps"
+    clip = f"30 s, 640x360, 30 fps h264; {frames} frames of {width}x{height} at 2 fps"
     emit(
         "cache_bytes_per_sample",
         sizes["jpeg"],
@@ -68,7 +66,7 @@ def sample_prep(work: Path, repeats: int, seconds: int = 30) -> None:
         goal="ratio <= 0.125",
     )
 
-    row = {"video": [str(video)], "sentence": ["x"], "duration": [float(seconds)]}
+    row = {"video": [str(video)], "sentence": ["x"], "duration": [30.0]}
     transforms = {
         "decode": VideoTransform(sampling),
         **{fmt: VideoTransform(sampling, cache_dir=str(cache), cache_format=fmt) for fmt in formats},

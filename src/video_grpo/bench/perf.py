@@ -8,7 +8,7 @@
 - ``step_time``: seconds per training step, same comparison, on a small model whose vision tower is a
   sizeable share of the forward (the share is printed as ``encoder_share``); 6 steps (``--quick``: 1).
 - ``cache_bytes_per_sample``: bytes of one frame-cache entry in the jpeg format vs raw (with the GB that
-  1,000 such videos take in each), for a 30-s clip (``--quick``: 10 s, the same per-frame ratio).
+  1,000 such videos take in each).
 - ``sample_prep_cache_vs_decode``: milliseconds to prepare one sample from the frame cache vs decoding it; one
   row per cache format (``format``).
 - ``cache_fidelity``: PSNR of the jpeg entry's frames against the decoded ones, at the default quality (and,
@@ -62,7 +62,7 @@ def perf(quick: bool) -> None:
         model_dir = build_tiny_model(work / "tiny")
         vision_rows_per_step(model_dir, work)
         step_time(work, steps=1 if quick else 6)
-        sample_prep(work, repeats=1 if quick else 10, seconds=10 if quick else 30)
+        sample_prep(work, repeats=1 if quick else 10)
         data_wait(model_dir, work, steps=8 if quick else 24)
         peak_memory(work, quick)
         if not quick:
