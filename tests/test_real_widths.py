@@ -436,8 +436,6 @@ def test_one_grpo_step_at_real_widths(family, clip, qwen_processor_dir, tmp_path
         if not torch.equal(before[name], p.detach())
     }
     assert {"patch_embed", "blocks", "merger"} <= moved, moved
-    if family == "qwen3_vl":  # DeepStack's merger feeds text layer 0, so the loss reaches it
-        assert "deepstack_merger_list" in moved, moved
 
     # the prompt holds one <|video_pad|> per visual token of the grid, and the grid is the sampled frames'
     loss_forward = probe.loss_forwards[0]
