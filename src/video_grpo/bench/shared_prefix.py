@@ -18,8 +18,7 @@ Called by ``python -m video_grpo.bench perf`` (rows ``lm_positions_per_forward``
   TRL's fused chunked LM head (without TRL, e.g. on a bare GPU machine, the same positions with materialised
   logits), loss = their mean, backward. The vision tower runs once per video on both
   sides (``video_grpo.inputs.encoder``), so the difference is the language model's prompt copies.
-- **Time.** Each side runs two steps (``--quick``: one); the faster counts (both are in the JSON line's
-  ``*_step_seconds``).
+- **Time.** Each side runs two steps; the faster counts (both are in the JSON line's ``*_step_seconds``).
 - **Memory.** Each side runs in a fresh process, measured on its first step. Before the step the weights and their gradients are resident;
   the row reports the peak of the resident set during forward + backward minus what was resident before (CPU,
   sampled every 2 ms), or ``max_memory_allocated`` minus the allocation before (CUDA).
@@ -49,7 +48,7 @@ def train_step(setting: dict) -> dict:
     )
     model = build_model(config, device, dtype)
     batch = group_inputs(config, setting["visual_tokens"], setting["G"], device=device)
-    step = timed_group_step(model, batch, setting["shared"], device, setting.get("steps", 2))
+    step = timed_group_step(model, batch, setting["shared"], device)
     return {**step, "config": origin, "prompt_source": batch["prompt_source"]}
 
 
@@ -59,16 +58,9 @@ def run_side(setting: dict) -> dict:
 
 
 def train_rows(
-    emit,
-    widths: str,
-    visual_tokens: int,
-    group_size: int,
-    device: str = "cpu",
-    dtype: str = "float32",
-    steps: int = 2,
+    emit, widths: str, visual_tokens: int, group_size: int, device: str = "cpu", dtype: str = "float32"
 ) -> None:
     setting = {
-        "steps": steps,
         "widths": widths,
         "visual_tokens": visual_tokens,
         "G": group_size,
@@ -212,8 +204,8 @@ def scaling_rows(emit, visual_tokens=(1024, 2048, 4096), group_sizes=(4, 8, 16))
 
 def perf_rows(emit, quick: bool) -> None:
     """The rows ``python -m video_grpo.bench perf`` prints for the shared prompt."""
-    if quick:  # one step per side: the time is not the point of --quick, and the memory is the first step's
-        train_rows(emit, "quick", 512, 8, steps=1)
+    if quick:
+        train_rows(emit, "quick", 512, 8)
         generation_row(emit, "quick", 512, 8, new_tokens=16)
         return
     train_rows(emit, "3b", 2048, 8)

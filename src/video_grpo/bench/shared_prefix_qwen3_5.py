@@ -13,8 +13,8 @@ Called by ``python -m video_grpo.bench perf`` (rows ``lm_positions_per_forward_q
   temporal patch 8 "<t seconds>" tokens and its visual tokens between ``vision_start`` / ``vision_end``, then 60
   text tokens; G answers of random tokens with lengths spread over 32-128.
 - **Step, time, memory.** As :mod:`video_grpo.bench.shared_prefix`: TRL's fused LM head on the answer tokens,
-  loss = their mean, backward; each side in a fresh process; time the faster of two steps (``--quick``: one),
-  memory the first step's peak over what was resident (weights and gradients).
+  loss = their mean, backward; each side in a fresh process; time the faster of two steps, memory the first
+  step's peak over what was resident (weights and gradients).
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def perf_rows(emit, quick: bool) -> None:
     ``python -m video_grpo.bench.shared_prefix_qwen3_5`` runs them on a GPU)."""
     visual_tokens = 512 if quick else 2048
     positions_row(emit, "narrow" if quick else "4b", visual_tokens, 8)
-    train_rows(emit, "narrow", visual_tokens, 8, steps=1 if quick else 2)  # memory: the first step's
+    train_rows(emit, "narrow", visual_tokens, 8, steps=2)
 
 
 def main(argv: list[str] | None = None) -> int:
