@@ -4,8 +4,9 @@ The tiny models of the other tests have 32-64-wide layers and a 324-token vocabu
 step fits, or even runs, when tensors have their real shapes (a 151,936- or 248,320-row embedding, 128- and
 256-wide attention heads, a 1024-1280-wide vision tower with 14- or 16-px patches, interleaved mrope
 sections, DeepStack at 2048 wide, Qwen3.5's 16-head gated delta net). Here each family is built from its
-published config with every width kept and only the depth cut (2 text layers, 2 vision layers, DeepStack
-indexes scaled down), random weights, saved to a temporary folder, loaded by ``VideoGRPOTrainer`` from that
+published config with every width kept and only the depth cut to one layer of each kind (``LAYERS``: a layer's
+shapes do not depend on how many follow it, so a second layer of the same kind would prove nothing more and
+cost as much as the first), random weights, saved to a temporary folder, loaded by ``VideoGRPOTrainer`` from that
 path, and trained for one step: G = 2 answers of 8 tokens to one query about a 640x360, 30 fps, 4 s clip
 (ffmpeg ``testsrc2``), sampled at 2 fps (8 frames) and sized by the sampler within the recipes' per-frame pixel
 range (16-256 visual tokens per frame pair), which gives 880-1008 visual tokens.
@@ -67,7 +68,10 @@ pytestmark = pytest.mark.launch
 
 QWEN_DIR = REFERENCE / "qwen2_5_vl"
 USE_REFERENCE = (QWEN_DIR / "vocab.json").is_file() and not os.environ.get("VIDEO_GRPO_NO_REFERENCE")
-TEXT_LAYERS, VISION_LAYERS = 2, 2  # the depth cut (see above); the widths are the published ones
+# The depth cut, (text layers, vision layers): one of each kind; the widths are the published ones. Qwen2.5-VL: one
+# text layer, vision layers 0 (windowed) and 1 (full attention). Qwen3-VL: one of each, vision layer 0 feeding
+# DeepStack into text layer 0. Qwen3.5: text [linear_attention, full_attention], one vision layer.
+LAYERS = {"qwen2_5_vl": (1, 2), "qwen3_vl": (1, 1), "qwen3_5": (2, 1)}
 FRAMES = 8  # a 4 s clip at 2 fps
 
 # Qwen3-VL-2B-Instruct. No copy of its hub config.json with a citable repository and path was found offline.
@@ -287,20 +291,21 @@ def special_ids(tokenizer) -> dict:
 
 
 def qwen2_5_vl_model(reference_dir):
-    """Qwen2.5-VL-3B widths; 2 text layers; vision layers 0 (windowed) and 1 (full attention; published: every
-    8th of 32)."""
+    """Qwen2.5-VL-3B widths; one text layer (all are alike); vision layers 0 (windowed) and 1 (full attention;
+    published: every 8th of 32)."""
     import transformers
 
     # Qwen2.5-VL-3B-Instruct's config.json (../shared/reference/qwen2_5_vl/3B, see SOURCES.md), else the same
     # widths as bench.qwen_widths' literal
     published, _ = published_config("3b", reference=USE_REFERENCE)
+    text_layers, vision_layers = LAYERS["qwen2_5_vl"]
     published = {
         **published,
-        "num_hidden_layers": TEXT_LAYERS,
+        "num_hidden_layers": text_layers,
         "vision_config": {
             **published["vision_config"],
-            "depth": VISION_LAYERS,
-            "fullatt_block_indexes": [VISION_LAYERS - 1],
+            "depth": vision_layers,
+            "fullatt_block_indexes": [vision_layers - 1],
         },
     }
     if reference_dir is None:
@@ -316,18 +321,19 @@ def qwen2_5_vl_model(reference_dir):
 
 
 def qwen3_model(family: str, reference_dir):
-    """Qwen3-VL-2B / Qwen3.5-0.8B widths, 2 text and 2 vision layers. Qwen3-VL: DeepStack at vision layers
-    [0, 1] (the published [5, 11, 17] of 24, scaled to 2 layers and rounded), added after text layers 0 and 1.
-    Qwen3.5: text layers [linear_attention, full_attention], one of each kind."""
+    """Qwen3-VL-2B / Qwen3.5-0.8B widths, one vision layer (all are alike). Qwen3-VL: one text layer, DeepStack
+    at vision layer 0 (the published [5, 11, 17] of 24, scaled to 1 layer), added after text layer 0. Qwen3.5:
+    text layers [linear_attention, full_attention], one of each kind."""
     import transformers
 
     processor = qwen3_processor(family, reference_dir)
     published = QWEN3_VL_2B if family == "qwen3_vl" else QWEN3_5_0_8B
-    text = {**published["text_config"], "num_hidden_layers": TEXT_LAYERS, **special_ids(processor.tokenizer)}
-    vision = {**published["vision_config"], "depth": VISION_LAYERS}
+    text_layers, vision_layers = LAYERS[family]
+    text = {**published["text_config"], "num_hidden_layers": text_layers, **special_ids(processor.tokenizer)}
+    vision = {**published["vision_config"], "depth": vision_layers}
     if family == "qwen3_vl":
-        vision["deepstack_visual_indexes"] = sorted({round(i * VISION_LAYERS / 24) for i in (5, 11, 17)})
-        assert vision["deepstack_visual_indexes"] == [0, 1]
+        vision["deepstack_visual_indexes"] = sorted({int(i * vision_layers / 24) for i in (5, 11, 17)})
+        assert vision["deepstack_visual_indexes"] == [0]
     else:
         text["layer_types"] = ["linear_attention", "full_attention"]
     ids = placeholder_ids(processor.tokenizer)

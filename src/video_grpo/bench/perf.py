@@ -6,7 +6,7 @@
 - ``vision_rows_per_step``: encoder input rows in one training step (G = 8, beta = 0.04), encoding each
   video once vs the plain per-row path; trainable and frozen vision tower.
 - ``step_time``: seconds per training step, same comparison, on a small model whose vision tower is a
-  sizeable share of the forward (the share is printed as ``encoder_share``).
+  sizeable share of the forward (the share is printed as ``encoder_share``); 6 steps (``--quick``: 1).
 - ``cache_bytes_per_sample``: bytes of one frame-cache entry in the jpeg format vs raw (with the GB that
   1,000 such videos take in each).
 - ``sample_prep_cache_vs_decode``: milliseconds to prepare one sample from the frame cache vs decoding it; one
@@ -16,7 +16,7 @@
 - ``data_wait_fraction``: share of training time spent waiting for the next batch, with
   ``dataloader_num_workers=2`` vs 0.
 - ``peak_memory_lora_beta``: peak RSS of a LoRA run with beta = 0.04 vs beta = 0 on a ~108M-parameter
-  model (the reference is the base with the adapter off, not a copy).
+  model (the reference is the base with the adapter off, not a copy); ``--quick``: 2-frame prompts.
 - ``lm_positions_per_forward``, ``train_step_time_shared_prefix``, ``peak_memory_shared_prefix``,
   ``generation_time_shared_prefill``, and (full run only) ``shared_prefix_scaling``,
   ``train_step_time_shared_prefix_full_depth`` and ``peak_memory_shared_prefix_full_depth``: one group's prompt
@@ -61,10 +61,10 @@ def perf(quick: bool) -> None:
         work = Path(tmp)
         model_dir = build_tiny_model(work / "tiny")
         vision_rows_per_step(model_dir, work)
-        step_time(work, steps=2 if quick else 6)
+        step_time(work, steps=1 if quick else 6)
         sample_prep(work, repeats=3 if quick else 10)
         data_wait(model_dir, work, steps=8 if quick else 24)
-        peak_memory(work)
+        peak_memory(work, quick)
         if not quick:
             encoder_scaling(model_dir)
         from video_grpo.bench.shared_prefix import perf_rows
