@@ -70,7 +70,9 @@ QWEN_DIR = REFERENCE / "qwen2_5_vl"
 USE_REFERENCE = (QWEN_DIR / "vocab.json").is_file() and not os.environ.get("VIDEO_GRPO_NO_REFERENCE")
 # The depth cut, (text layers, vision layers): one of each kind; the widths are the published ones. Qwen2.5-VL: one
 # text layer, vision layers 0 (windowed) and 1 (full attention). Qwen3-VL: one of each, vision layer 0 feeding
-# DeepStack into text layer 0. Qwen3.5: text [linear_attention, full_attention], one vision layer.
+# DeepStack into text layer 0 (added after the last text layer, it reaches only the visual positions' logits, so
+# its merger gets no gradient from the answer here; tests/test_families.py checks that it does in a deeper
+# model). Qwen3.5: text [linear_attention, full_attention], one vision layer.
 LAYERS = {"qwen2_5_vl": (1, 2), "qwen3_vl": (1, 1), "qwen3_5": (2, 1)}
 FRAMES = 8  # a 4 s clip at 2 fps
 
