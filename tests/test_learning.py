@@ -3,8 +3,8 @@ GRPO with VideoGRPOTrainer must answer better with the real frames than with bla
 than TRL's own GRPOTrainer with the same budget; curation must drop the pool's too-easy and too-hard queries and
 give more spread within groups; TimeLens2's twass reward must leave at most a quarter of the flat groups flat on
 the same sampled answers (re-scored; the run trains no twass arm). The suite variant is the full run less its
-guided arm and its answer-only side (a second cold start and 80 more GRPO steps each: about two fifths of the full
-run's CPU time); every run it keeps is the full run's with the same seeds and steps, so its rows are the full run's
+guided arm and its answer-only side (a second cold start and 160 more GRPO steps: 197 of the full run's 639 CPU s,
+measured on 6 December); every run it keeps is the full run's with the same seeds and steps, so its rows are the full run's
 rows. The guidance and answer-only assertions run in ``test_full_learning_benchmark`` (the full command, marked
 ``learning_full``, deselected by ``make test``; ``make test-learning-full`` runs it). Neither is a short variant:
 with 40 GRPO steps (``--quick``) our test mIoU was still in a dip below its start (-4.9 points) in an earlier run,

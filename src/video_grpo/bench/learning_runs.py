@@ -78,7 +78,7 @@ TASK = FlashTask(size=28, clock=True)  # continuous spans, 2-4 s anywhere in 16 
 FULL = Budget(TASK, train=128, test=160, sft_steps=100, grpo_steps=80, guided_steps=80, curate=True)
 QUICK = Budget(TASK, train=128, test=96, sft_steps=100, grpo_steps=40, guided_steps=0, curate=False)
 # tests/test_learning.py (make test): FULL less the guided arm (80 GRPO steps) and the answer-only side (a second
-# 100-step SFT, 80 GRPO steps, 3 test passes), about two fifths of the full run's CPU time.
+# 100-step SFT, 80 GRPO steps, 3 test passes): 197 of the full run's 639 CPU s (6 December, docs/learning.md).
 SUITE = Budget(
     TASK,
     train=128,
