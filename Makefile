@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TINY := outputs/tiny-qwen2_5_vl
 DEMO_OUT := outputs/demo
 
-.PHONY: install demo test test-fast lint tiny samples clean
+.PHONY: install demo test test-fast test-learning-full lint tiny samples clean
 
 install: $(STAMP)
 
@@ -35,7 +35,12 @@ demo: $(STAMP)
 
 # Two workers (pytest-xdist) on the two cores; the longest tests start first (tests/conftest.py).
 test: lint
-	$(PY) -m pytest -n 2 --dist worksteal
+	$(PY) -m pytest -n 2 --dist worksteal -m "not learning_full"
+
+# The full learning benchmark with every assertion (its guided and answer-only arms too; make test runs the suite
+# variant, tests/test_learning.py).
+test-learning-full: $(STAMP)
+	$(PY) -m pytest tests/test_learning.py -m learning_full
 
 # Everything but the multi-process launches, benchmarks and the learning run.
 test-fast: $(STAMP)

@@ -1,4 +1,4 @@
-"""``python -m video_grpo.bench perf [--quick]``, ``python -m video_grpo.bench learning [--plot P] [--quick]``,
+"""``python -m video_grpo.bench perf [--quick]``, ``python -m video_grpo.bench learning [--plot P] [--quick | --suite]``,
 ``python -m video_grpo.bench plan [--quick]`` and ``python -m video_grpo.bench soak [--steps N] [--check]``: the
 benchmarks, one JSON line per measurement on stdout (everything else goes to stderr)."""
 
@@ -41,6 +41,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="fewer test queries and GRPO steps, no guidance/curation runs (about 5 minutes); "
         "a smoke run: 40 steps are too few to show the gain",
+    )
+    learning_parser.add_argument(
+        "--suite",
+        action="store_true",
+        help="the full run less its guided and answer-only arms (tests/test_learning.py); every row it emits is "
+        "the full run's",
     )
     learning_parser.add_argument(
         "--workers",
@@ -97,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         with _TrainerLogsToStderr():
             perf.perf(args.quick)
     elif args.command == "learning":
+        if args.quick and args.suite:
+            parser.error("learning: --quick and --suite are two different budgets; give one")
         json_lines.emit_stream = sys.stdout
         with _TrainerLogsToStderr(), tempfile.TemporaryDirectory() as tmp:
             from transformers.utils import logging as hf_logging
@@ -105,7 +113,14 @@ def main(argv: list[str] | None = None) -> int:
 
             hf_logging.set_verbosity_error()
             torch.manual_seed(0)
-            run(Path(tmp), json_lines.emit, args.plot, quick=args.quick, workers=args.workers)
+            run(
+                Path(tmp),
+                json_lines.emit,
+                args.plot,
+                quick=args.quick,
+                workers=args.workers,
+                suite=args.suite,
+            )
     return 0
 
 

@@ -59,7 +59,10 @@ GRPO_SETTINGS = {
 class Budget:
     """Sizes of one benchmark run. The quick one keeps the task and the cold start (the same 128 training videos:
     whether 100 SFT steps make the tiny model look depends on them; on 96 videos it did not), with fewer test
-    queries and GRPO steps, and leaves out the guidance and curation runs (``guided_steps`` 0, ``curate`` off)."""
+    queries and GRPO steps, and leaves out the guidance and curation runs (``guided_steps`` 0, ``curate`` off).
+    The suite's one (``SUITE``) is the full run without its guided and answer-only arms (``answer_only`` off: no
+    second cold start, no answer-only GRPO): every run it keeps is the full run's, with the same seeds, so the rows
+    it emits are the full run's rows."""
 
     task: FlashTask
     train: int
@@ -68,11 +71,24 @@ class Budget:
     grpo_steps: int
     guided_steps: int
     curate: bool
+    answer_only: bool = True
 
 
 TASK = FlashTask(size=28, clock=True)  # continuous spans, 2-4 s anywhere in 16 s
 FULL = Budget(TASK, train=128, test=160, sft_steps=100, grpo_steps=80, guided_steps=80, curate=True)
 QUICK = Budget(TASK, train=128, test=96, sft_steps=100, grpo_steps=40, guided_steps=0, curate=False)
+# tests/test_learning.py (make test): FULL less the guided arm (80 GRPO steps) and the answer-only side (a second
+# 100-step SFT, 80 GRPO steps, 3 test passes): 197 of the full run's 639 CPU s (6 December, docs/learning.md).
+SUITE = Budget(
+    TASK,
+    train=128,
+    test=160,
+    sft_steps=100,
+    grpo_steps=80,
+    guided_steps=0,
+    curate=True,
+    answer_only=False,
+)
 
 
 def cold_start(work: Path, budget: Budget, answer_only: bool = False) -> tuple[Path, list[dict], Path]:
