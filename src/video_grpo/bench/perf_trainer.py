@@ -43,7 +43,7 @@ def build_trainer(
         "use_cpu": True,
         "report_to": "none",
         "save_strategy": "no",
-        "gradient_checkpointing": False,
+        "activation_checkpointing": False,
         "logging_steps": 1,
         "beta": 0.04,
         "loss_type": "grpo",

@@ -138,7 +138,7 @@ def build_trainer(model_dir: Path, out_dir: Path, settings: SoakSettings, compil
         max_completion_length=completion_tokens,
         max_steps=settings.steps,
         learning_rate=1e-5,
-        gradient_checkpointing=True,
+        activation_checkpointing=True,
         beta=0.04,
         bf16=False,
         use_cpu=True,
