@@ -204,8 +204,9 @@ def check_trained_run(out: Path, log: str, tiny_model_dir: Path, stage: int, ext
     assert all(trained[name].shape == tensor.shape for name, tensor in initial.items())
     assert changed(initial, trained, "vision"), "vision tower did not train"
     assert (out / "trainer_state.json").is_file()
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     if extra == AUTO_FIT:
-        record = __import__("json").loads((out / "auto_fit.json").read_text())
+        record = json.loads((out / "auto_fit.json").read_text())
         assert record["changes"] and record["planned_peak_gb_after"] < record["planned_peak_gb_before"], (
             record
         )
@@ -222,7 +223,7 @@ def check_trained_run(out: Path, log: str, tiny_model_dir: Path, stage: int, ext
         assert "auto_fit.json: " in log
         # one fit for both ranks, rank 1's budget's: each budget alone gives another fit (so the test can fail),
         # and each rank applied the fit the smaller budget gives alone
-        fits = [__import__("json").loads((out / f"fit.rank{rank}.json").read_text()) for rank in (0, 1)]
+        fits = [json.loads((out / f"fit.rank{rank}.json").read_text()) for rank in (0, 1)]
         assert [fit["budget_gb"] for fit in fits] == [1.3, 1.15], fits
         assert fits[0]["alone"] == {} and fits[1]["alone"] == record["after"], fits
         assert fits[0]["applied"] == fits[1]["applied"] == {**fits[1]["before"], **fits[1]["alone"]}, fits
@@ -235,15 +236,11 @@ def check_trained_run(out: Path, log: str, tiny_model_dir: Path, stage: int, ext
         }, record
         assert "fitted for the smallest device among 2 ranks (rank 1's, 1.15 GB" in log
     elif extra == PLAN_CHECK:
-        check_deepspeed_plan_check(
-            __import__("json").loads((out / "plan_check.json").read_text()), initial, log
-        )
+        check_deepspeed_plan_check(json.loads((out / "plan_check.json").read_text()), initial, log)
     elif extra == GUIDED:  # every group had its guided answer: the metric is logged for each step
-        history = __import__("json").loads((out / "trainer_state.json").read_text())["log_history"]
         assert len([e for e in history if "guidance/groups_all_sampled_negative" in e]) == 2
     # shared_prefix is on by default in every family (Qwen3.5: its Gated DeltaNet state forked), with no warning:
     # the loss forwards packed, and each rank prefilled one row per prompt of its generation batch
-    history = __import__("json").loads((out / "trainer_state.json").read_text())["log_history"]
     ratios = [e["shared_prefix/position_ratio"] for e in history if "shared_prefix/position_ratio" in e]
     prefills = [e["shared_prefix/prefill_ratio"] for e in history if "shared_prefix/prefill_ratio" in e]
     assert "shared_prefix is off" not in log and "runs the plain forward" not in log
