@@ -96,10 +96,13 @@ def _wait_for(path: Path, timeout: float) -> dict:
 
 
 # Planned again in-process by the test below: every CPU recipe (one tiny model of each family) and one GPU recipe
-# of each model code path the GPU recipes take, tied embeddings included (Qwen3-VL-4B; the Qwen3.5 incident of
-# docs/planning.md was a tied model). Qwen3.5-4B is left out: its Gated DeltaNet layers, traced on fake tensors
-# chunk by chunk, make it the dearest recipe to plan (75 s of CPU planned alone); its family's code is traced here
-# through the tiny Qwen3.5 recipe, and its plan is checked in the fresh process. Measured side by side in one
+# of each of the other two families, tied embeddings included (Qwen3-VL-4B) and a frozen tower with its merger
+# trained (TimeLens2 8B). Qwen3.5-4B is left out: its Gated DeltaNet layers, traced on fake tensors chunk by
+# chunk, make it the dearest recipe to plan (75 s of CPU planned alone); its family's layers are traced here only
+# through the tiny Qwen3.5, whose embeddings are untied, so the tied Qwen3.5 of the docs/planning.md incident is
+# planned in the fresh process only (conftest's check that no test leaves tie_weights patched still guards it).
+# Not in-process either: a frozen tower without its merger (Time-R1), gt_guidance (TempSamp-R1), the TimeLens
+# recipes. Measured side by side in one
 # process: these recipes 28-36 s of CPU, every recipe 108 s.
 IN_PROCESS_GPU = ("qwen2_5_vl_7b_charades", "qwen3_vl_4b_charades", "timelens2_qwen3_vl_8b")
 
@@ -431,7 +434,7 @@ def test_a_kept_plan_is_the_traced_plan(tiny_model_dir, tmp_path, monkeypatch):
 
 
 def test_a_failed_write_leaves_the_cache_as_it_was(tmp_path, monkeypatch):
-    """An entry that cannot be written (here: a value JSON refuses, as a full disk would fail the dump) leaves the
+    """An entry that cannot be written (here: a dump that raises OSError, as a full disk would) leaves the
     kept file as it was and no temporary file behind; the plan goes on with the value."""
     monkeypatch.setenv(cache.ENV, str(tmp_path))
     cache.clear_memory()

@@ -3,11 +3,12 @@
 The tiny models of the other tests have 32-64-wide layers and a 324-token vocabulary; they cannot show that a
 step fits, or even runs, when tensors have their real shapes (a 151,936- or 248,320-row embedding, 128- and
 256-wide attention heads, a 1024-1280-wide vision tower with 14- or 16-px patches, interleaved mrope
-sections, DeepStack at 2048 wide, Qwen3.5's 16-head gated delta net). Here each family is built from its
-published config with every width kept and only the depth cut to one layer of each kind (``LAYERS``: a layer's
-shapes do not depend on how many follow it, so a second layer of the same kind would prove nothing more and
-cost as much as the first), random weights, saved to a temporary folder, loaded by ``VideoGRPOTrainer`` from that
-path, and trained for one step: G = 2 answers of 8 tokens to one query about a 640x360, 30 fps, 4 s clip
+sections, DeepStack at 2048 wide (its forward; see ``LAYERS`` for its backward), Qwen3.5's 16-head gated delta
+net). Here each family is built from its published config with every width kept and only the depth cut to one
+layer of each kind (``LAYERS``: a layer's shapes do not depend on how many follow it, so a second layer of the
+same kind would prove little more and cost as much as the first; the exception is Qwen3-VL's DeepStack merger,
+whose backward needs a text layer after the one it feeds and so does not run here), random weights, saved to a
+temporary folder, loaded by ``VideoGRPOTrainer`` from that path, and trained for one step: G = 2 answers of 8 tokens to one query about a 640x360, 30 fps, 4 s clip
 (ffmpeg ``testsrc2``), sampled at 2 fps (8 frames) and sized by the sampler within the recipes' per-frame pixel
 range (16-256 visual tokens per frame pair), which gives 880-1008 visual tokens.
 

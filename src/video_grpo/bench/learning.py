@@ -172,7 +172,8 @@ def run(
         jobs = {}  # the longest first, so that the last to finish is short
         if not budget.answer_only:
             # Plain TRL's run is the longest part (147 CPU s against 89 for ours and 88 for curation, measured on
-            # 6 December): alone on one worker while the other runs curation then ours, the three end together.
+            # 6 December): alone on one worker while the other runs curation then ours (177 CPU s), the two workers
+            # end about half a minute apart instead of plain TRL starting last.
             # The full run's order below pairs its five parts about evenly as it is (236 and 237 CPU s).
             jobs["plain"] = pool.submit(_plain, work, data, start, steps)
         if budget.curate:
