@@ -175,23 +175,49 @@ def test_a_shipped_model_is_planned_offline_without_being_named(fresh_plans):
         )
 
 
+def shipped_differences(traced: dict[str, dict], shipped: dict[str, dict]) -> list:
+    """Where the shipped files (key -> entries) differ from the traced entries: a key, an entry name, or a value
+    (compared as JSON, so a dict's order counts: a plan's JSON follows it)."""
+    found: list = [("missing key", key) for key in sorted(set(traced) - set(shipped))]
+    found += [("stale key", key) for key in sorted(set(shipped) - set(traced))]
+    for key in sorted(set(traced) & set(shipped)):
+        found += [("entry", key, name) for name in sorted(set(traced[key]) ^ set(shipped[key]))]
+        found += [
+            ("value", key, name)
+            for name, value in traced[key].items()
+            if name in shipped[key] and json.dumps(value) != json.dumps(shipped[key][name])
+        ]
+    return found
+
+
 def test_the_shipped_plan_cache_is_what_the_planner_traces(fresh_plans):
     """The plan cache shipped in the package (video_grpo/plan/shipped/) holds exactly what the fresh process traced
     with the cache off of every shipped model and TRL's defaults: the same keys (so a planner source or a version
     changed since it was made fails here), the same entry names and the same values to the byte."""
-    traced, shipped = fresh_plans()["shipped"], cache.shipped()
+    traced = fresh_plans()["shipped"]
     stale = f"the shipped plan cache ({cache.SHIPPED}) differs from fresh traces; {COMMAND} regenerates it"
     assert set(traced) == shipped_keys(), (stale, "a shipped model or TRL's defaults were not traced")
-    assert set(shipped) == set(traced), (
+    assert not shipped_differences(traced, cache.shipped()), (
         stale,
-        {"missing": set(traced) - set(shipped), "stale": set(shipped) - set(traced)},
+        shipped_differences(traced, cache.shipped()),
     )
-    for key, entries in traced.items():
-        assert sorted(shipped[key]) == sorted(entries), (stale, key, set(entries) ^ set(shipped[key]))
-        moved = [
-            name for name, value in entries.items() if json.dumps(value) != json.dumps(shipped[key][name])
-        ]
-        assert not moved, (stale, key, moved)
+
+
+def test_the_shipped_check_finds_each_difference():
+    """:func:`shipped_differences` finds a key too many or too few, an entry too many, and a changed value (the
+    shipped files against copies of themselves, one change each)."""
+    shipped = cache.shipped()
+    assert len(shipped) > 1 and not shipped_differences(shipped, shipped)
+    key = next(k for k in shipped if "shape" in shipped[k])
+    fewer = {k: v for k, v in shipped.items() if k != key}
+    more = {**shipped, key: {**shipped[key], "new": 1}}
+    changed = {**shipped, key: {**shipped[key], "shape": {**shipped[key]["shape"], "hidden": -1}}}
+    reordered = {**shipped, key: {**shipped[key], "shape": dict(reversed(shipped[key]["shape"].items()))}}
+    assert shipped_differences(fewer, shipped) == [("stale key", key)]
+    assert shipped_differences(shipped, fewer) == [("missing key", key)]
+    assert shipped_differences(more, shipped) == [("entry", key, "new")]
+    assert shipped_differences(changed, shipped) == [("value", key, "shape")]
+    assert shipped_differences(reordered, shipped) == [("value", key, "shape")]
 
 
 FRESH_CLONE = """
