@@ -1,5 +1,6 @@
 """The planner (``video_grpo.plan``): the command on every shipped recipe, offline with the shipped model configs,
-the GPU class each recipe's header says it fits and the docs' fit tables (all from one fresh process), the same
+the GPU class each recipe's header says it fits, the docs' fit tables and the plan cache shipped in the package (all
+from one fresh process that traces with the cache off), a fresh clone's documented call read from that cache, the same
 plans made in-process after training steps, the plan against a live-tensor measurement of the same step (where a
 wrong formula fails), the measurement itself against real tensors, and the start-up summary."""
 
