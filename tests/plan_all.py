@@ -1,8 +1,9 @@
 """Every shipped recipe planned as the planner's tests check it, in one call: what ``--json`` prints on the launch
 its header names, the GPUs it fits, and the line saying which model config was used. tests/test_plan.py runs it once
 in a fresh process (as a user runs the planner), with the report of the command the docs show and the docs' blocks
-that ``python -m video_grpo.plan --markdown`` writes (made from the same plans, so planning them is not done twice),
-and once in-process after training steps, and compares the two to the byte.
+that ``python -m video_grpo.plan --markdown`` writes (made from the same plans, so planning them is not done twice)
+and the entries of the plan cache shipped in the package that it traced (``--shipped_cache``'s), and once in-process
+after training steps, and compares the two to the byte.
 
     python tests/plan_all.py '{"qwen3_5": "/tmp/tiny-qwen3_5", ...}'   # prints one JSON line
 """
@@ -102,11 +103,16 @@ if __name__ == "__main__":
     from tests.conftest import our_warnings_are_errors
 
     our_warnings_are_errors()  # the planner, as a user runs it, causes no warning of its own (imports included)
+    from video_grpo.plan import cache
     from video_grpo.plan.cli import recipe_auto_fit
     from video_grpo.plan.doc_tables import DocPlans
-    from video_grpo.plan.docs import render_blocks
+    from video_grpo.plan.shipped import exercise, shipped_keys
 
     doc_plans = DocPlans(REPO)
     planned = plan_all(json.loads(sys.argv[1]), doc_plans)
-    docs = render_blocks(doc_plans, recipe_auto_fit)
-    print(json.dumps({"plans": planned, "report": documented_report(), "docs": docs}))
+    docs = exercise(doc_plans, recipe_auto_fit)  # the docs' blocks, and all that the shipped cache is made of
+    report = documented_report()
+    # what this process traced of the shipped keys (run with the cache off: nothing read), against the shipped files
+    print(
+        json.dumps({"plans": planned, "report": report, "docs": docs, "shipped": cache.kept(shipped_keys())})
+    )

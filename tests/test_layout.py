@@ -54,6 +54,7 @@ PLAN_LAYERS = (  # the order a plan is made in (docs/internals.md lists them so)
     "doc_tables",  # the shipped recipes' tables
     "doc_example",  # auto-fit's worked example
     "docs",  # python -m video_grpo.plan --markdown
+    "shipped",  # python -m video_grpo.plan --shipped_cache: the cache shipped in the package
     "cli",
     "startup",
     "__main__",

@@ -1,5 +1,6 @@
 """The planner (``video_grpo.plan``): the command on every shipped recipe, offline with the shipped model configs,
-the GPU class each recipe's header says it fits and the docs' fit tables (all from one fresh process), the same
+the GPU class each recipe's header says it fits, the docs' fit tables and the plan cache shipped in the package (all
+from one fresh process that traces with the cache off), a fresh clone's documented call read from that cache, the same
 plans made in-process after training steps, the plan against a live-tensor measurement of the same step (where a
 wrong formula fails), the measurement itself against real tensors, and the start-up summary."""
 
@@ -23,6 +24,7 @@ from video_grpo.plan import cache, main, plan_recipe, suggestions
 from video_grpo.plan.cli import plan_json
 from video_grpo.plan.doc_tables import PLAN_HEADER as HEADER
 from video_grpo.plan.model import shipped_model_configs
+from video_grpo.plan.shipped import COMMAND, shipped_keys
 from video_grpo.plan.workload import worst_case_video
 
 from .conftest import REPO
@@ -34,9 +36,11 @@ KEYS = {"peak_gb", "fits", "phase", "by_phase_gb", "by_category_gb", "flops_by_p
 
 @pytest.fixture(scope="module")
 def fresh_plans(family_model, tmp_path_factory):
-    """Every shipped recipe planned in ONE fresh process (tests/plan_all.py), as a user runs the planner; started
+    """Every shipped recipe planned in ONE fresh process (tests/plan_all.py), as a user runs the planner, with the
+    plan cache off (every layer traced afresh: neither the disk's entries nor the shipped ones are read); started
     in the background at the first test that asks, read when a test needs it. ``fresh_plans()["plans"]``: recipe
-    stem -> what plan_all gives; ``fresh_plans()["report"]``: the documented command's output.
+    stem -> what plan_all gives; ``fresh_plans()["report"]``: the documented command's output;
+    ``fresh_plans()["shipped"]``: what it traced of the shipped cache's keys.
 
     Under pytest-xdist (``make test``) the workers share one such process: the first worker to ask claims it and
     writes what it printed into the run's temporary folder, and the other reads that (tiny models are made from a
@@ -48,6 +52,7 @@ def fresh_plans(family_model, tmp_path_factory):
         process = subprocess.Popen(
             [sys.executable, "tests/plan_all.py", json.dumps(tiny)],
             cwd=REPO,
+            env={**os.environ, cache.ENV: "off"},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -169,6 +174,101 @@ def test_a_shipped_model_is_planned_offline_without_being_named(fresh_plans):
             recipe.name,
             source,
         )
+
+
+def shipped_differences(traced: dict[str, dict], shipped: dict[str, dict]) -> list:
+    """Where the shipped files (key -> entries) differ from the traced entries: a key, an entry name, or a value
+    (compared as JSON, so a dict's order counts: a plan's JSON follows it)."""
+    found: list = [("missing key", key) for key in sorted(set(traced) - set(shipped))]
+    found += [("stale key", key) for key in sorted(set(shipped) - set(traced))]
+    for key in sorted(set(traced) & set(shipped)):
+        found += [("entry", key, name) for name in sorted(set(traced[key]) ^ set(shipped[key]))]
+        found += [
+            ("value", key, name)
+            for name, value in traced[key].items()
+            if name in shipped[key] and json.dumps(value) != json.dumps(shipped[key][name])
+        ]
+    return found
+
+
+def test_the_shipped_plan_cache_is_what_the_planner_traces(fresh_plans):
+    """The plan cache shipped in the package (video_grpo/plan/shipped/) holds exactly what the fresh process traced
+    with the cache off of every shipped model and TRL's defaults: the same keys (so a planner source or a version
+    changed since it was made fails here), the same entry names and the same values to the byte."""
+    traced = fresh_plans()["shipped"]
+    stale = f"the shipped plan cache ({cache.SHIPPED}) differs from fresh traces; {COMMAND} regenerates it"
+    assert set(traced) == shipped_keys(), (stale, "a shipped model or TRL's defaults were not traced")
+    assert not shipped_differences(traced, cache.shipped()), (
+        stale,
+        shipped_differences(traced, cache.shipped()),
+    )
+
+
+def test_the_shipped_check_finds_each_difference():
+    """:func:`shipped_differences` finds a key too many or too few, an entry too many, and a changed value (the
+    shipped files against copies of themselves, one change each)."""
+    shipped = cache.shipped()
+    assert len(shipped) > 1 and not shipped_differences(shipped, shipped)
+    key = next(k for k in shipped if "shape" in shipped[k])
+    fewer = {k: v for k, v in shipped.items() if k != key}
+    more = {**shipped, key: {**shipped[key], "new": 1}}
+    changed = {**shipped, key: {**shipped[key], "shape": {**shipped[key]["shape"], "hidden": -1}}}
+    reordered = {**shipped, key: {**shipped[key], "shape": dict(reversed(shipped[key]["shape"].items()))}}
+    assert shipped_differences(fewer, shipped) == [("stale key", key)]
+    assert shipped_differences(shipped, fewer) == [("missing key", key)]
+    assert shipped_differences(more, shipped) == [("entry", key, "new")]
+    assert shipped_differences(changed, shipped) == [("value", key, "shape")]
+    assert shipped_differences(reordered, shipped) == [("value", key, "shape")]
+
+
+FRESH_CLONE = """
+import json, sys
+from video_grpo.plan import cache, main
+from tests.plan_all import DOCUMENTED
+code = main(DOCUMENTED)
+print(json.dumps({"code": code, **cache.stats(), "imported": [m for m in ("torch", "transformers", "trl") if m in sys.modules]}))
+"""
+
+
+def test_a_fresh_clone_plans_the_documented_recipe_from_the_shipped_cache(fresh_plans, tmp_path):
+    """The documented command in a fresh process with an empty disk cache (a fresh clone, a user's first call):
+    every entry it needs is read from the shipped cache (no miss, so nothing written to the user's folder), it
+    imports neither torch, transformers nor TRL, and it prints the report the fresh process traced, to the byte."""
+    empty = tmp_path / "user-cache"
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_CLONE],
+        cwd=REPO,
+        env={**os.environ, cache.ENV: str(empty)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    *report, last = done.stdout.splitlines(keepends=True)
+    result = json.loads(last)
+    assert result["code"] == 0 and result["hits"] > 0 and result["misses"] == 0, result
+    assert result["imported"] == [] and not empty.exists(), result
+    assert "".join(report) == fresh_plans()["report"]["stdout"]
+
+
+def test_the_shipped_cache_lies_under_the_disk_cache(tmp_path, monkeypatch):
+    """A key's entries are the shipped file's with the disk file's over them; a new entry is written to the disk
+    folder only, never into the shipped one; ``off`` reads neither (every entry computed afresh)."""
+    shipped, disk = tmp_path / "shipped", tmp_path / "disk"
+    shipped.mkdir()
+    disk.mkdir()
+    (shipped / "k.json").write_text(json.dumps({"a": 1, "b": 2}))
+    (disk / "k.json").write_text(json.dumps({"b": 3}))
+    monkeypatch.setattr(cache, "SHIPPED", shipped)
+    monkeypatch.setenv(cache.ENV, str(disk))
+    cache.clear_memory()
+    assert [cache.cached("k", name, lambda: 0) for name in ("a", "b", "c")] == [1, 3, 0]
+    assert json.loads((disk / "k.json").read_text()) == {"b": 3, "c": 0}
+    assert json.loads((shipped / "k.json").read_text()) == {"a": 1, "b": 2}
+    monkeypatch.setenv(cache.ENV, "off")
+    cache.clear_memory()
+    assert [cache.cached("k", name, lambda: 9) for name in ("a", "b")] == [9, 9]
+    cache.clear_memory()
 
 
 def test_a_wrong_or_unknown_model_config_names_the_shipped_files(tmp_path, capsys):

@@ -20,6 +20,14 @@ The disk cache is under ``$XDG_CACHE_HOME/video_grpo/plan`` (``~/.cache/...``), 
 environment variable :data:`ENV`; ``VIDEO_GRPO_PLAN_CACHE=off`` switches it off (the in-process one stays: it is
 what one process computed itself). The recipe defaults of TRL's dataclasses are kept the same way, keyed by the TRL
 and transformers versions (:func:`trl_defaults`), so a warm plan imports neither torch's tracing nor TRL.
+
+Under the disk cache lies a read-only one shipped in the package (:data:`SHIPPED`): the entries of the shipped GPU
+recipes' models (their configs in ``configs/models/``) and TRL's defaults, traced by
+``python -m video_grpo.plan --shipped_cache`` (:mod:`video_grpo.plan.shipped`). They are files of the same keys, so a
+fresh clone with the pinned versions plans a shipped recipe without tracing anything, and any other model, version or
+planner source is a different key: a miss, traced as before. A key's entries are the shipped file's with the disk
+file's over them; ``off`` switches both off (everything traced afresh), and entries are written to the disk folder
+only, never into the package.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import copy
 import hashlib
 import json
 import os
-import sys
+import platform
 import tempfile
 import weakref
 from collections.abc import Callable
@@ -40,6 +48,7 @@ from typing import Any
 ENV = "VIDEO_GRPO_PLAN_CACHE"  # a folder for the disk cache, or "off"
 OFF = ("off", "0", "false", "no", "none")
 PACKAGE = Path(__file__).resolve().parents[1]  # src/video_grpo
+SHIPPED = PACKAGE / "plan" / "shipped"  # the read-only entries shipped in the package: {key}.json
 # The planner's own code and the modules whose answers about a model it keeps (families: detect_family; prefix:
 # unforkable_layers; live_memory: what a trace counts). Every .py file of the plan package is included, this one too.
 SOURCES = ("inputs/families.py", "inputs/prefix.py", "runtime/live_memory.py")
@@ -79,7 +88,9 @@ def fingerprint() -> str:
         files = sorted((PACKAGE / "plan").glob("*.py")) + [PACKAGE / name for name in SOURCES]
         for path in files:
             digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        digest.update(sys.version.encode())
+        # the Python version, not sys.version: the build's date and compiler change no trace, and a fresh clone's
+        # Python of the same version then reads the shipped entries
+        digest.update(f"{platform.python_implementation()} {platform.python_version()}".encode())
         for name in VERSIONED:
             digest.update(f"{name}={_version(name)}\0".encode())
         _fingerprint = digest.hexdigest()
@@ -136,9 +147,34 @@ def _read(path: Path | None) -> dict[str, Any]:
 
 
 def _entries(key: str) -> dict[str, Any]:
+    """The key's entries: this process's, else the shipped file's with the disk file's over them (none when off)."""
     if key not in _memory:
-        _memory[key] = _read(_path(key))
+        path = _path(key)
+        _memory[key] = {} if path is None else {**_read(SHIPPED / f"{key}.json"), **_read(path)}
     return _memory[key]
+
+
+def shipped() -> dict[str, dict[str, Any]]:
+    """Every shipped file's entries, by key (what :data:`SHIPPED` holds, whatever the versions here)."""
+    return {path.stem: _read(path) for path in sorted(SHIPPED.glob("*.json"))}
+
+
+def kept(keys: set[str]) -> dict[str, dict[str, Any]]:
+    """This process's entries of these keys (those it has), by key: what it traced or read."""
+    return {key: dict(_memory[key]) for key in sorted(keys) if _memory.get(key)}
+
+
+def write_shipped(entries: dict[str, dict[str, Any]]) -> list[str]:
+    """Replace the shipped files with these keys' entries (one entry a line, by name, so a diff shows what moved;
+    each value as it was made: its dicts keep their order). Returns the names of the files removed (stale)."""
+    SHIPPED.mkdir(exist_ok=True)
+    for key, values in entries.items():
+        lines = [f"{json.dumps(name)}: {json.dumps(values[name])}" for name in sorted(values)]
+        (SHIPPED / f"{key}.json").write_text("{\n" + ",\n".join(lines) + "\n}\n")
+    stale = [path for path in SHIPPED.glob("*.json") if path.stem not in entries]
+    for path in stale:
+        path.unlink()
+    return sorted(path.name for path in stale)
 
 
 def _write(key: str, name: str, value: Any) -> None:
@@ -197,12 +233,14 @@ def trl_defaults() -> dict[str, Any]:
     Importing TRL imports transformers' training code (seconds); the defaults depend only on the TRL and
     transformers versions, so they are kept on disk under those. Every default is None, a bool, a number, a string
     or a list of them, so JSON gives them back as they were."""
-    key = hashlib.sha256(
-        f"trl={_version('trl')}\0transformers={_version('transformers')}\0{sys.version}".encode()
-    ).hexdigest()[:32]
-    return copy.deepcopy(
-        cached(f"trl-defaults-{key}", "defaults", _read_trl_defaults)
-    )  # the caller may edit it
+    return copy.deepcopy(cached(trl_defaults_key(), "defaults", _read_trl_defaults))  # the caller may edit it
+
+
+def trl_defaults_key() -> str:
+    """The key of :func:`trl_defaults`: the TRL, transformers and Python versions."""
+    python = f"{platform.python_implementation()} {platform.python_version()}"
+    versions = f"trl={_version('trl')}\0transformers={_version('transformers')}\0{python}"
+    return "trl-defaults-" + hashlib.sha256(versions.encode()).hexdigest()[:32]
 
 
 def _read_trl_defaults() -> dict[str, Any]:

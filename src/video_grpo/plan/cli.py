@@ -21,6 +21,11 @@ Compute is given as FLOPs per phase and, for a named GPU, seconds per phase at s
 
 regenerates the tables and the worked example of README.md and docs/planning.md (:mod:`video_grpo.plan.docs`):
 printed, written between their markers, or checked (exit code 1 and a diff when a page differs).
+
+    python -m video_grpo.plan --shipped_cache
+
+traces the shipped GPU recipes afresh and rewrites the plan cache shipped in the package
+(:mod:`video_grpo.plan.shipped`), which a first plan on a fresh clone reads instead of tracing.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from video_grpo.plan.fitting import suggestions
 from video_grpo.plan.loss_split import LossSettings
 from video_grpo.plan.recipe import GB, Plan, plan_recipe
 from video_grpo.plan.report import report
+from video_grpo.plan.shipped import regenerate
 from video_grpo.plan.workload import recipe_values
 
 
@@ -80,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print the tables and the worked example of README.md and docs/planning.md (no --config)",
     )
+    parser.add_argument(
+        "--shipped_cache",
+        action="store_true",
+        help="trace the shipped GPU recipes afresh and rewrite the plan cache shipped in the package (no --config)",
+    )
     written = parser.add_mutually_exclusive_group()
     written.add_argument(
         "--write", action="store_true", help="with --markdown: rewrite them between their markers"
@@ -88,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         "--check", action="store_true", help="with --markdown: exit 1 with a diff where a page differs"
     )
     args = parser.parse_args(argv)
+    if args.shipped_cache:
+        return regenerate(recipe_auto_fit)
     if args.markdown:
         return markdown(recipe_auto_fit, "write" if args.write else "check" if args.check else "print")
     if args.write or args.check:
