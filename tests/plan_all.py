@@ -1,9 +1,9 @@
 """Every shipped recipe planned as the planner's tests check it, in one call: what ``--json`` prints on the launch
 its header names, the GPUs it fits, and the line saying which model config was used. tests/test_plan.py runs it once
-in a fresh process (as a user runs the planner), with the report of the command the docs show and the docs' blocks
-that ``python -m video_grpo.plan --markdown`` writes (made from the same plans, so planning them is not done twice)
-and the entries of the plan cache shipped in the package that it traced (``--shipped_cache``'s), and once in-process
-after training steps, and compares the two to the byte.
+in a fresh process (as a user runs the planner on a fresh clone: the plan cache shipped in the package read, the
+rest traced), with the report of the command the docs show and the docs' blocks that ``python -m video_grpo.plan
+--markdown`` writes (made from the same plans, so planning them is not done twice) and the shipped keys' entries it
+held, and once in-process after training steps with the cache off, and compares the two to the byte.
 
     python tests/plan_all.py '{"qwen3_5": "/tmp/tiny-qwen3_5", ...}'   # prints one JSON line
 """
@@ -112,7 +112,7 @@ if __name__ == "__main__":
     planned = plan_all(json.loads(sys.argv[1]), doc_plans)
     docs = exercise(doc_plans, recipe_auto_fit)  # the docs' blocks, and all that the shipped cache is made of
     report = documented_report()
-    # what this process traced of the shipped keys (run with the cache off: nothing read), against the shipped files
+    # the shipped keys' entries this process held at the end: read from the shipped files, or traced on a miss
     print(
         json.dumps({"plans": planned, "report": report, "docs": docs, "shipped": cache.kept(shipped_keys())})
     )

@@ -1,8 +1,9 @@
 """The planner (``video_grpo.plan``): the command on every shipped recipe, offline with the shipped model configs,
 the GPU class each recipe's header says it fits, the docs' fit tables and the plan cache shipped in the package (all
-from one fresh process that traces with the cache off), a fresh clone's documented call read from that cache, the same
-plans made in-process after training steps, the plan against a live-tensor measurement of the same step (where a
-wrong formula fails), the measurement itself against real tensors, and the start-up summary."""
+from one fresh process that reads the shipped cache and traces the rest), a fresh clone's documented call read from
+that cache, the same plans traced in-process after training steps (and the shipped entries against those traces),
+the plan against a live-tensor measurement of the same step (where a wrong formula fails), the measurement itself
+against real tensors, and the start-up summary."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from video_grpo.plan.shipped import COMMAND, shipped_keys
 from video_grpo.plan.workload import worst_case_video
 
 from .conftest import REPO
-from .plan_all import DOCUMENTED, FAMILIES, RECIPES, plan_all, tiny_family
+from .plan_all import DOCUMENTED, FAMILIES, RECIPES, documented_report, plan_all, tiny_family
 
 GPU_RECIPES = [r for r in RECIPES if tiny_family(r) is None]
 KEYS = {"peak_gb", "fits", "phase", "by_phase_gb", "by_category_gb", "flops_by_phase", "time_s_by_phase"}
@@ -36,11 +37,14 @@ KEYS = {"peak_gb", "fits", "phase", "by_phase_gb", "by_category_gb", "flops_by_p
 
 @pytest.fixture(scope="module")
 def fresh_plans(family_model, tmp_path_factory):
-    """Every shipped recipe planned in ONE fresh process (tests/plan_all.py), as a user runs the planner, with the
-    plan cache off (every layer traced afresh: neither the disk's entries nor the shipped ones are read); started
-    in the background at the first test that asks, read when a test needs it. ``fresh_plans()["plans"]``: recipe
-    stem -> what plan_all gives; ``fresh_plans()["report"]``: the documented command's output;
-    ``fresh_plans()["shipped"]``: what it traced of the shipped cache's keys.
+    """Every shipped recipe planned in ONE fresh process (tests/plan_all.py), as a user runs the planner on a fresh
+    clone: an empty disk cache of its own over the shipped one, so the shipped models' entries are read (a miss is
+    traced and written to that folder) and the tiny models of the CPU recipes are traced; started in the background
+    at the first test that asks, read when a test needs it. ``fresh_plans()["plans"]``: recipe stem -> what plan_all
+    gives; ``fresh_plans()["report"]``: the documented command's output; ``fresh_plans()["shipped"]``: the shipped
+    keys' entries it held at the end (read, or traced where the shipped files lacked them). The shipped entries'
+    values are checked against traces in :func:`test_a_plan_is_a_function_of_its_inputs`, which traces with the
+    cache off; tracing every shipped model here too cost about 180 CPU s more.
 
     Under pytest-xdist (``make test``) the workers share one such process: the first worker to ask claims it and
     writes what it printed into the run's temporary folder, and the other reads that (tiny models are made from a
@@ -49,10 +53,11 @@ def fresh_plans(family_model, tmp_path_factory):
     process = None
     if run_folder is None or _claim(run_folder / "fresh_plans.claim"):
         tiny = {family: str(family_model(family)) for family in FAMILIES}
+        own_cache = tmp_path_factory.mktemp("fresh-plan-cache")  # empty: nothing another test wrote is read
         process = subprocess.Popen(
             [sys.executable, "tests/plan_all.py", json.dumps(tiny)],
             cwd=REPO,
-            env={**os.environ, cache.ENV: "off"},
+            env={**os.environ, cache.ENV: str(own_cache)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -116,7 +121,8 @@ def test_a_plan_is_a_function_of_its_inputs(fresh_plans, family_model, train_fil
     """Shipped recipes planned in this process, after a tiny trainer of each family was built and stepped here,
     equal the fresh-process plans to the byte (grpo.main plans in-process, and re-plans for its plan check after
     the first step; the command plans in a fresh one): every CPU recipe and the GPU recipes of
-    :data:`IN_PROCESS_GPU`, traced afresh here. In the suite a test's threads once left transformers' weight tying
+    :data:`IN_PROCESS_GPU`, traced afresh here (the fresh process read their models from the shipped plan cache,
+    so the shipped entries of those models are checked against these traces too). In the suite a test's threads once left transformers' weight tying
     switched off and the Qwen3.5 plan grew by 2.4 GB (docs/planning.md); the planner now refuses such a process,
     and conftest fails the test that leaks."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
@@ -143,6 +149,18 @@ def test_a_plan_is_a_function_of_its_inputs(fresh_plans, family_model, train_fil
     assert set(fresh) == {r.stem for r in RECIPES} and set(here) == {r.stem for r in chosen}
     moved = [name for name in here if json.dumps(here[name]) != json.dumps(fresh[name])]
     assert not moved, {name: {"here": here[name]["json"], "fresh": fresh[name]["json"]} for name in moved}
+    # The fresh process read the shipped models' entries: what was traced here of them (three models and TRL's
+    # defaults) is what is shipped, to the byte, and the documented command prints here what it printed there.
+    traced, shipped = cache.kept(shipped_keys()), cache.shipped()
+    assert len(traced) >= len(IN_PROCESS_GPU) + 1, sorted(traced)
+    differ = [
+        (key, name)
+        for key, entries in traced.items()
+        for name, value in entries.items()
+        if json.dumps(value) != json.dumps(shipped.get(key, {}).get(name))
+    ]
+    assert not differ, (f"the shipped plan cache differs from traces; {COMMAND} regenerates it", differ)
+    assert documented_report() == fresh_plans()["report"]
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
@@ -191,17 +209,16 @@ def shipped_differences(traced: dict[str, dict], shipped: dict[str, dict]) -> li
     return found
 
 
-def test_the_shipped_plan_cache_is_what_the_planner_traces(fresh_plans):
-    """The plan cache shipped in the package (video_grpo/plan/shipped/) holds exactly what the fresh process traced
-    with the cache off of every shipped model and TRL's defaults: the same keys (so a planner source or a version
-    changed since it was made fails here), the same entry names and the same values to the byte."""
-    traced = fresh_plans()["shipped"]
-    stale = f"the shipped plan cache ({cache.SHIPPED}) differs from fresh traces; {COMMAND} regenerates it"
-    assert set(traced) == shipped_keys(), (stale, "a shipped model or TRL's defaults were not traced")
-    assert not shipped_differences(traced, cache.shipped()), (
-        stale,
-        shipped_differences(traced, cache.shipped()),
-    )
+def test_the_shipped_plan_cache_is_what_the_planner_reads(fresh_plans):
+    """The plan cache shipped in the package (video_grpo/plan/shipped/) holds, under today's keys, every entry the
+    fresh process needed of every shipped model and TRL's defaults, and no file that no key reads: a planner source
+    or a version changed since it was made is a key no file has, and an entry the shipped files lack is one the
+    fresh process had to trace; both fail here. That the shipped values are what tracing gives is checked, to the
+    byte, against the cold traces of :func:`test_a_plan_is_a_function_of_its_inputs`."""
+    held = fresh_plans()["shipped"]
+    stale = f"the shipped plan cache ({cache.SHIPPED}) differs from what the planner needs; {COMMAND} regenerates it"
+    assert set(held) == shipped_keys(), (stale, "a shipped model or TRL's defaults were not planned")
+    assert not shipped_differences(held, cache.shipped()), (stale, shipped_differences(held, cache.shipped()))
 
 
 def test_the_shipped_check_finds_each_difference():

@@ -6,8 +6,8 @@ entries it needs depend only on the model's config, the planner's source and the
 cache. They are what planning the shipped GPU recipes as the command and the docs do leaves in the process
 (:func:`exercise`): each recipe on the launch its header names, its report and the changes that fit, and every
 block ``--markdown`` writes; of those, the entries of the models in ``configs/models/`` and TRL's defaults
-(:func:`shipped_keys`). ``tests/test_plan.py`` makes the same in its fresh process, traced with the cache off, and
-fails when the shipped files differ.
+(:func:`shipped_keys`). ``tests/test_plan.py`` fails when its fresh process needs an entry they lack or a file no
+key reads, and when an entry differs from what it traces in-process with the cache off.
 """
 
 from __future__ import annotations
