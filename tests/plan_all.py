@@ -109,10 +109,19 @@ if __name__ == "__main__":
     from video_grpo.plan.shipped import exercise, shipped_keys
 
     doc_plans = DocPlans(REPO)
-    planned = plan_all(json.loads(sys.argv[1]), doc_plans)
+    tiny = json.loads(sys.argv[1])
+    planned = plan_all(tiny, doc_plans)
     docs = exercise(doc_plans, recipe_auto_fit)  # the docs' blocks, and all that the shipped cache is made of
     report = documented_report()
     # the shipped keys' entries this process held at the end: read from the shipped files, or traced on a miss
     print(
-        json.dumps({"plans": planned, "report": report, "docs": docs, "shipped": cache.kept(shipped_keys())})
+        json.dumps(
+            {
+                "plans": planned,
+                "report": report,
+                "docs": docs,
+                "shipped": cache.kept(shipped_keys()),
+                "tiny": tiny,
+            }
+        )
     )
