@@ -6,7 +6,7 @@ the same sampled answers (re-scored; the run trains no twass arm). The suite var
 guided arm and its answer-only side (a second cold start and 160 more GRPO steps: 197 of the full run's 639 CPU s,
 measured on 6 December); every run it keeps is the full run's with the same seeds and steps, so its rows are the full run's
 rows. The guidance and answer-only assertions run in ``test_full_learning_benchmark`` (the full command, marked
-``learning_full``, deselected by ``make test``; ``make test-learning-full`` runs it). Neither is a short variant:
+``learning_full``, deselected by default (pyproject's addopts); ``make test-learning-full`` runs it). Neither is a short variant:
 with 40 GRPO steps (``--quick``) our test mIoU was still in a dip below its start (-4.9 points) in an earlier run,
 so a short run cannot tell. Deselect both with `-m "not learning"`. Numbers and curves: docs/learning.md."""
 
