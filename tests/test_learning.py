@@ -30,7 +30,7 @@ def run_learning(*options: str) -> dict[str, dict]:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=3600,  # 1,477 s were seen at a load of 11-14 on 2 cores; idle, the suite variant takes about 5 min
     )
     assert result.returncode == 0, result.stderr[-4000:]
     lines = {line["name"]: line for line in map(json.loads, result.stdout.splitlines())}  # JSON lines only
