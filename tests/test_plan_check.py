@@ -4,8 +4,8 @@ The tiny recipe of each family runs two steps on the CPU with ``plan_check: true
 Qwen2.5-VL recipe's run is tests/test_auto_fit.py's (with auto-fit), and its ZeRO-2 run on two ranks is
 tests/test_launch.py's. Each run's record is checked against the test's own count of live tensors in the same phases
 (:class:`Census`, written apart from the check's reader), not against itself, and compared with the plan at the
-sizes the step saw: the Qwen3-VL run allows videos 4x larger than the sample data's, so its worst-case plan is 1.63x
-the measured peak, where the plan at the step's sizes is 1.006x. Measured (docs/planning.md, "The plan check"): at
+sizes the step saw: the Qwen3-VL run allows videos 4x larger than the sample data's, so its worst-case plan is 1.65x
+the measured peak, where the plan at the step's sizes is 1.010x. Measured (docs/planning.md, "The plan check"): at
 the step's sizes every phase is planned within 15%, the peak in the loss phase within 1%. On the CPU the plan counts
 the batches the trainer holds in host memory, which are device memory there (``held batches``): the decoded videos
 of the batch being trained on, all step, and the previous generation batch's pixels, still buffered by TRL while
