@@ -12,7 +12,11 @@ micro-batch, the optimizer step. Each phase reports its peak and what it is made
   gradient partition;
 - ``kv cache`` (with ``decode_compile``'s CUDA graphs, the static cache all step); ``vision activations`` (pixels, the tower's saved tensors, cached features);
   ``lm activations`` (embeddings, masks, the decoder layers' saved tensors); ``logits and log-probs`` (the LM
-  head's buffers, TRL's fused head on both paths).
+  head's buffers, TRL's fused head on both paths);
+- ``held batches`` (a plan for the CPU only, where they are device memory; on a GPU they stay in host memory):
+  the decoded frames of the batch being trained on, uint8, alive all step, and the previous generation batch's
+  pixels, which TRL keeps buffered until the next batch has been generated and scored (generation and the
+  old-policy/reference phase).
 
 Layer activations come from :mod:`video_grpo.plan.layers` (traced at the real sizes); the rest is arithmetic here.
 """
@@ -38,12 +42,14 @@ CATEGORIES = (
     "vision activations",
     "lm activations",
     "logits and log-probs",
+    "held batches",
 )
 PHASES = ("generation", "old_and_reference", "loss", "optimizer")
 CATEGORY_OF = {"logits": "logits and log-probs"}
 TOKEN_TILE, VOCAB_TILE = 4096, 32768  # TRL's fused LM head: tokens x vocabulary per projection tile
 CPU_TILE_COPIES = 7  # float32 tile-sized temporaries of TRL's torch fallback (no Triton) in its backward
 PIXEL_BYTES = 4  # the processor's pixels stay float32 on every path (processing's dtype policy)
+FRAME_BYTES = 1  # decoded frames are uint8, resized to the processor's grid: one byte per patch value
 
 
 @dataclass
@@ -190,7 +196,8 @@ def head_backward(shape: ModelShape, work: Workload, tokens: int, scored: int, d
 
 def plan_memory(shape: ModelShape, work: Workload, device: str = "cuda") -> MemoryPlan:
     """The per-GPU memory of one step of ``work`` on ``shape``. ``device="cpu"`` models the CPU kernels (TRL's
-    torch fallback for the LM head) and keeps the rows' pixels resident, as tests and benchmarks run them."""
+    torch fallback for the LM head) and keeps the rows' pixels resident, as tests and benchmarks run them; there
+    the batches the trainer holds in host memory are device memory too (``held batches``)."""
     return StepWalk(shape, work, device).run()
 
 
@@ -223,6 +230,14 @@ class StepWalk:
             work.decode_cache_tokens * shape.kv_bytes_per_token(self.b) + shape.linear_state_bytes()
         )
         self.persistent_cache = self.static_cache if self.decode_path == "compiled_cuda_graphs" else 0
+        # on the CPU, host memory is the device's: the batch's decoded frames (one uint8 value per patch value,
+        # each distinct video once) all step, and the previous generation batch's pixels, buffered by TRL until
+        # the next batch has been generated and scored (the same size as this one's: the plan's sizes)
+        on_cpu = device == "cpu"
+        self.frames = (
+            sizes.generation_videos * sizes.patches * shape.patch_values * FRAME_BYTES if on_cpu else 0
+        )
+        self.previous_pixels = self.pixels if on_cpu else 0
 
     def run(self) -> MemoryPlan:
         live = self.ledger.live
@@ -233,12 +248,10 @@ class StepWalk:
             live["vision activations"] += self.pixels  # the rows' processed pixels, on the device all along
         live["kv cache"] = self.persistent_cache
         live["deepspeed buffers"] = self.deepspeed.persistent
-        phases = {
-            "generation": self.generation(),
-            "old_and_reference": self.old_and_reference(),
-            "loss": self.loss(),
-            "optimizer": self.optimizer(),
-        }
+        live["held batches"] = self.frames + self.previous_pixels
+        phases = {"generation": self.generation(), "old_and_reference": self.old_and_reference()}
+        live["held batches"] -= self.previous_pixels  # the new batch replaced it in TRL's buffer
+        phases.update(loss=self.loss(), optimizer=self.optimizer())
         return MemoryPlan(phases, host_bytes=self.states["host"])
 
     def text_layer(
