@@ -92,31 +92,28 @@ def plan_speed_rows(runs: int = 3) -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     where = {"cores": cores, "load_1min": round(os.getloadavg()[0], 2), "runs": runs}
     command = cold_fresh_and_warm([sys.executable, "-m", "video_grpo.plan", *DOCUMENTED], runs)
-    emit(
-        "plan_command_fresh_clone",
-        command["fresh_s"],
-        command["cold_s"],
-        "s wall, fresh process, empty user cache, shipped cache read (baseline: the same, cache off)",
-        goal=f"<= {COMMAND_GOAL_S:g} s on 2 idle cores",
-        within_goal=command["fresh_s"] <= COMMAND_GOAL_S,
-        command="python -m video_grpo.plan " + " ".join(DOCUMENTED),
-        runs_s=command["fresh"],
-        cpu_s=command["fresh_cpu_s"],
-        cold_cpu_s=command["cold_cpu_s"],
-        **where,
-    )
-    emit(
-        "plan_command_warm",
-        command["warm_s"],
-        command["cold_s"],
-        "s wall, fresh process, the user cache a first call left (baseline: the same, cache off)",
-        goal=f"<= {COMMAND_GOAL_S:g} s on 2 idle cores",
-        within_goal=command["warm_s"] <= COMMAND_GOAL_S,
-        runs_s=command["warm"],
-        cpu_s=command["warm_cpu_s"],
-        cold_cpu_s=command["cold_cpu_s"],
-        **where,
-    )
+    for name, which, cache_state, extra in (
+        (
+            "plan_command_fresh_clone",
+            "fresh",
+            "empty user cache, shipped cache read",
+            {"command": "python -m video_grpo.plan " + " ".join(DOCUMENTED)},
+        ),
+        ("plan_command_warm", "warm", "the user cache a first call left", {}),
+    ):
+        emit(
+            name,
+            command[f"{which}_s"],
+            command["cold_s"],
+            f"s wall, fresh process, {cache_state} (baseline: the same, cache off)",
+            goal=f"<= {COMMAND_GOAL_S:g} s on 2 idle cores",
+            within_goal=command[f"{which}_s"] <= COMMAND_GOAL_S,
+            **extra,
+            runs_s=command[which],
+            cpu_s=command[f"{which}_cpu_s"],
+            cold_cpu_s=command["cold_cpu_s"],
+            **where,
+        )
     emit(
         "plan_command_cold",
         command["cold_s"],
