@@ -88,13 +88,17 @@ def fingerprint() -> str:
         files = sorted((PACKAGE / "plan").glob("*.py")) + [PACKAGE / name for name in SOURCES]
         for path in files:
             digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        # the Python version, not sys.version: the build's date and compiler change no trace, and a fresh clone's
-        # Python of the same version then reads the shipped entries
-        digest.update(f"{platform.python_implementation()} {platform.python_version()}".encode())
+        digest.update(_python().encode())
         for name in VERSIONED:
             digest.update(f"{name}={_version(name)}\0".encode())
         _fingerprint = digest.hexdigest()
     return _fingerprint
+
+
+def _python() -> str:
+    """The Python implementation and version, not ``sys.version``: the build's date and compiler change no trace,
+    and a fresh clone's Python of the same version then reads the shipped entries."""
+    return f"{platform.python_implementation()} {platform.python_version()}"
 
 
 def model_key(config) -> str:
@@ -238,8 +242,7 @@ def trl_defaults() -> dict[str, Any]:
 
 def trl_defaults_key() -> str:
     """The key of :func:`trl_defaults`: the TRL, transformers and Python versions."""
-    python = f"{platform.python_implementation()} {platform.python_version()}"
-    versions = f"trl={_version('trl')}\0transformers={_version('transformers')}\0{python}"
+    versions = f"trl={_version('trl')}\0transformers={_version('transformers')}\0{_python()}"
     return "trl-defaults-" + hashlib.sha256(versions.encode()).hexdigest()[:32]
 
 
