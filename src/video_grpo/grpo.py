@@ -28,6 +28,7 @@ from video_grpo.loss.guidance import check_guided_template
 from video_grpo.plan.startup import check_plan, decode_cache_tokens, fit_run, log_startup_plan
 from video_grpo.rewards.functions import recipe_reader, resolve_reward_funcs
 from video_grpo.runtime.checkpoints import last_complete_checkpoint
+from video_grpo.runtime.deepspeed_imports import defer_muon_compile
 from video_grpo.runtime.distributed import end_run, exit_process
 from video_grpo.runtime.memory_check import install_plan_check, wanted
 from video_grpo.trainer import VideoGRPOTrainer
@@ -67,6 +68,10 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
         # Warning level: at the default log level a resume must still be visible
         logger.warning(f"Checkpoint detected, resuming training at {checkpoint}.")
 
+    # DeepSpeed's Muon kernels compiled on their first call (never, without Muon), not when its ZeRO optimizer
+    # imports them: 2.5 CPU s a rank (video_grpo.runtime.deepspeed_imports)
+    if training_args.deepspeed_plugin is not None:
+        defer_muon_compile()
     trainer = build_trainer(script_args, training_args, model_args)
     on_cuda = trainer.accelerator.device.type == "cuda"
     if training_args.process_index == 0 and wanted(script_args.plan_check, on_cuda):
