@@ -55,3 +55,20 @@ def test_switched_off_or_imported_already(monkeypatch):
     monkeypatch.delenv(deepspeed_imports.ENV)
     monkeypatch.setitem(sys.modules, deepspeed_imports.MUON_MODULES[0], types.ModuleType("imported"))
     assert defer_muon_compile() is False
+
+
+def test_with_real_deepspeed_inductor_is_not_imported_until_muon_runs():
+    """What the deferral saves, on the installed DeepSpeed, in fresh processes: importing its Muon module imports
+    ``torch._inductor`` (DeepSpeed's own import) unless :func:`defer_muon_compile` ran first."""
+    import subprocess
+
+    def inductor_imported(prefix: str) -> bool:
+        code = f"import sys; {prefix}import deepspeed.runtime.zero.muon.muon_optimizer; print('torch._inductor' in sys.modules)"
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stdout.strip().splitlines()[-1] == "True"
+
+    deferred = (
+        "from video_grpo.runtime.deepspeed_imports import defer_muon_compile; assert defer_muon_compile(); "
+    )
+    assert inductor_imported("") and not inductor_imported(deferred)
