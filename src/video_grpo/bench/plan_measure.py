@@ -142,11 +142,14 @@ class Ledger(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        made = [value for value in tree_leaves(out) if isinstance(value, torch.Tensor)]
+        if not made:  # most calls inside a fake step are metadata (prim.device, sizes): nothing to count
+            return out
         inputs = {
             x.untyped_storage()._cdata for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)
         }
-        for value in tree_leaves(out):
-            if isinstance(value, torch.Tensor) and value.untyped_storage()._cdata not in inputs:
+        for value in made:
+            if value.untyped_storage()._cdata not in inputs:
                 self.add(value, self.regions.current)
         return out
 
@@ -163,6 +166,52 @@ class Ledger(TorchDispatchMode):
         if self.phase is not None and self.current > self.phase.bytes:
             self.phase.bytes = self.current
             self.phase.by_kind = {k: v for k, v in self.totals.items() if v}
+
+
+class Measuring(HalfFake):
+    """:class:`HalfFake` with one more rule for the measured step: a new tensor whose values nothing gave it (an
+    ``empty``/``zeros``/``full`` buffer, or one ``*_like`` another) and that holds over :data:`BUFFER_BYTES` is made
+    fake. HalfFake runs such a buffer for real when it is under 1 GB, and with it every operator on it: TRL's fused
+    head projects into a real (tokens x 32,768) tile with ``out=`` and folds it with a dozen real elementwise
+    operators per tile, and sums its weight gradient in a real (vocabulary x hidden) fp32 buffer, which at the quick
+    grid's widths was about half a cell's CPU time. A buffer's bytes, and the shapes FlopCounterMode counts, are the
+    same fake or real (``test_the_fake_measurement_is_the_real_one``); the index arithmetic that needs values (window
+    indices, positions, packing) works on tensors far under the threshold. ``buffer_bytes=None``: HalfFake's rule
+    alone (the measurement as it was; ``python -m video_grpo.bench plan`` compares the two)."""
+
+    def __init__(self, buffer_bytes: int | None = None) -> None:
+        super().__init__()
+        self.buffer_bytes = buffer_bytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.buffer_bytes is not None and func in NEW_BUFFERS:
+            with self.fake:
+                probe = func(*args, **kwargs)
+            if isinstance(probe, torch.Tensor) and probe.untyped_storage().nbytes() > self.buffer_bytes:
+                return probe
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+_aten = torch.ops.aten
+# operators whose output's values do not depend on their inputs' values (only shapes, dtypes and constants)
+NEW_BUFFERS = {
+    _aten.empty.memory_format,
+    _aten.empty_strided.default,
+    _aten.zeros.default,
+    _aten.ones.default,
+    _aten.full.default,
+    _aten.empty_like.default,
+    _aten.zeros_like.default,
+    _aten.ones_like.default,
+    _aten.full_like.default,
+    _aten.new_empty.default,
+    _aten.new_empty_strided.default,
+    _aten.new_zeros.default,
+    _aten.new_ones.default,
+    _aten.new_full.default,
+}
+BUFFER_BYTES = 16 << 20  # index arithmetic's tensors stay far under this; TRL's head tiles are 30 MB and up
 
 
 # -- one step -------------------------------------------------------------------------------------------------
@@ -452,13 +501,16 @@ def generate(model, config, inputs: dict, setting: StepSetting, regions: Regions
         del out
 
 
-def measure_step(setting: StepSetting, fake: bool = True) -> StepMeasurement:
+def measure_step(
+    setting: StepSetting, fake: bool = True, buffer_bytes: int | None = BUFFER_BYTES
+) -> StepMeasurement:
     """Run one GRPO step of ``setting`` with fake weights (``fake=False``: real random weights and real tensors,
-    as small models allow); the peak live bytes and FLOPs of each phase."""
+    as small models allow); the peak live bytes and FLOPs of each phase. ``buffer_bytes``: new buffers over this
+    many bytes are fake too (:class:`Measuring`; None: only HalfFake's rule)."""
     from video_grpo.loss.grpo_math import grpo_loss
 
     config = build_config(setting.config)
-    mode, regions = (HalfFake() if fake else None), Regions()
+    mode, regions = (Measuring(buffer_bytes) if fake else None), Regions()
     ledger = Ledger(regions)
     policy = build_policy(config, setting, mode)
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
