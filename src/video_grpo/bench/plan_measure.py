@@ -194,13 +194,15 @@ class Measuring(HalfFake):
     operators per tile, and sums its weight gradient in a real (vocabulary x hidden) fp32 buffer, which at the quick
     grid's widths was about half a cell's CPU time. A buffer's bytes, and the shapes FlopCounterMode counts, are the
     same fake or real (``test_the_fake_measurement_is_the_real_one``); the index arithmetic that needs values (window
-    indices, positions, packing) works on tensors far under the threshold. ``buffer_bytes=None``: HalfFake's rule
-    alone (the measurement as it was; ``python -m video_grpo.bench plan`` compares the two)."""
+    indices, positions, packing) works on tensors far under the threshold. ``buffer_bytes=None``
+    (``measure_step(..., buffer_bytes=None)``): HalfFake's rule alone, the measurement as it was before (the quick
+    cells' bytes, breakdowns and FLOPs were identical both ways)."""
 
     def __init__(self, buffer_bytes: int | None = None) -> None:
         super().__init__()
         self.buffer_bytes = buffer_bytes
         self.fake = OnceAskedFakeMode(allow_non_fake_inputs=True)
+        self.fake_buffers = 0  # how many buffers this rule made fake
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -208,6 +210,7 @@ class Measuring(HalfFake):
             with self.fake:
                 probe = func(*args, **kwargs)
             if isinstance(probe, torch.Tensor) and probe.untyped_storage().nbytes() > self.buffer_bytes:
+                self.fake_buffers += 1
                 return probe
         return super().__torch_dispatch__(func, types, args, kwargs)
 
@@ -373,6 +376,7 @@ class StepMeasurement:
     flops: dict[str, int]  # phase -> FLOPs counted by torch's FlopCounterMode
     prompt_tokens: int
     packed_positions: int  # token positions of the old/ref/loss forwards (packed or plain)
+    fake_buffers: int = 0  # new buffers made fake by :class:`Measuring`'s rule (0 on real tensors)
 
 
 @contextlib.contextmanager
@@ -607,7 +611,11 @@ def measure_step(
         flops["optimizer"] = count.get_total_flops()
     model_inputs, _ = packed_or_plain(policy, config, inputs, setting.shared_prefix, regions)
     return StepMeasurement(
-        ledger.peaks, flops, inputs["prompt_tokens"], int(model_inputs["input_ids"].numel())
+        ledger.peaks,
+        flops,
+        inputs["prompt_tokens"],
+        int(model_inputs["input_ids"].numel()),
+        mode.fake_buffers if mode is not None else 0,
     )
 
 
