@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -142,11 +143,14 @@ class Ledger(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        made = [value for value in tree_leaves(out) if isinstance(value, torch.Tensor)]
+        if not made:  # most calls inside a fake step are metadata (prim.device, sizes): nothing to count
+            return out
         inputs = {
             x.untyped_storage()._cdata for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)
         }
-        for value in tree_leaves(out):
-            if isinstance(value, torch.Tensor) and value.untyped_storage()._cdata not in inputs:
+        for value in made:
+            if value.untyped_storage()._cdata not in inputs:
                 self.add(value, self.regions.current)
         return out
 
@@ -163,6 +167,73 @@ class Ledger(TorchDispatchMode):
         if self.phase is not None and self.current > self.phase.bytes:
             self.phase.bytes = self.current
             self.phase.by_kind = {k: v for k, v in self.totals.items() if v}
+
+
+class OnceAskedFakeMode(FakeTensorMode):
+    """A FakeTensorMode that asks whether a GPU could be initialised once, when it is made, not at every entry.
+
+    HalfFake enters its fake mode once or twice per operator, and each entry asks ``torch.cuda.is_available()``.
+    Once DeepSpeed is imported (it sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1``), that question tries to load NVML
+    each time: on this CPU machine about 0.18 ms of CPU per entry (0.03 without it), the same answer every time.
+    The answer is what the mode would have computed at its first entry."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._avoid_device_init = FakeTensorMode.avoid_device_init.fget(self)
+
+    @property
+    def avoid_device_init(self) -> bool:  # type: ignore[override]
+        return self._avoid_device_init
+
+
+class Measuring(HalfFake):
+    """:class:`HalfFake` with one more rule for the measured step: a new tensor whose values nothing gave it (an
+    ``empty``/``zeros``/``full`` buffer, or one ``*_like`` another) and that holds over :data:`BUFFER_BYTES` is made
+    fake. HalfFake runs such a buffer for real when it is under 1 GB, and with it every operator on it: TRL's fused
+    head projects into a real (tokens x 32,768) tile with ``out=`` and folds it with a dozen real elementwise
+    operators per tile, and sums its weight gradient in a real (vocabulary x hidden) fp32 buffer, which at the quick
+    grid's widths was about half a cell's CPU time. A buffer's bytes, and the shapes FlopCounterMode counts, are the
+    same fake or real (``test_the_fake_measurement_is_the_real_one``); the index arithmetic that needs values (window
+    indices, positions, packing) works on tensors far under the threshold. ``buffer_bytes=None``
+    (``measure_step(..., buffer_bytes=None)``): HalfFake's rule alone, the measurement as it was before (the quick
+    cells' bytes, breakdowns and FLOPs were identical both ways)."""
+
+    def __init__(self, buffer_bytes: int | None = None) -> None:
+        super().__init__()
+        self.buffer_bytes = buffer_bytes
+        self.fake = OnceAskedFakeMode(allow_non_fake_inputs=True)
+        self.fake_buffers = 0  # how many buffers this rule made fake
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.buffer_bytes is not None and func in NEW_BUFFERS:
+            with self.fake:
+                probe = func(*args, **kwargs)
+            if isinstance(probe, torch.Tensor) and probe.untyped_storage().nbytes() > self.buffer_bytes:
+                self.fake_buffers += 1
+                return probe
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+_aten = torch.ops.aten
+# operators whose output's values do not depend on their inputs' values (only shapes, dtypes and constants)
+NEW_BUFFERS = {
+    _aten.empty.memory_format,
+    _aten.empty_strided.default,
+    _aten.zeros.default,
+    _aten.ones.default,
+    _aten.full.default,
+    _aten.empty_like.default,
+    _aten.zeros_like.default,
+    _aten.ones_like.default,
+    _aten.full_like.default,
+    _aten.new_empty.default,
+    _aten.new_empty_strided.default,
+    _aten.new_zeros.default,
+    _aten.new_ones.default,
+    _aten.new_full.default,
+}
+BUFFER_BYTES = 16 << 20  # index arithmetic's tensors stay far under this; TRL's head tiles are 30 MB and up
 
 
 # -- one step -------------------------------------------------------------------------------------------------
@@ -305,6 +376,7 @@ class StepMeasurement:
     flops: dict[str, int]  # phase -> FLOPs counted by torch's FlopCounterMode
     prompt_tokens: int
     packed_positions: int  # token positions of the old/ref/loss forwards (packed or plain)
+    fake_buffers: int = 0  # new buffers made fake by :class:`Measuring`'s rule (0 on real tensors)
 
 
 @contextlib.contextmanager
@@ -452,13 +524,16 @@ def generate(model, config, inputs: dict, setting: StepSetting, regions: Regions
         del out
 
 
-def measure_step(setting: StepSetting, fake: bool = True) -> StepMeasurement:
+def measure_step(
+    setting: StepSetting, fake: bool = True, buffer_bytes: int | None = BUFFER_BYTES
+) -> StepMeasurement:
     """Run one GRPO step of ``setting`` with fake weights (``fake=False``: real random weights and real tensors,
-    as small models allow); the peak live bytes and FLOPs of each phase."""
+    as small models allow); the peak live bytes and FLOPs of each phase. ``buffer_bytes``: new buffers over this
+    many bytes are fake too (:class:`Measuring`; None: only HalfFake's rule)."""
     from video_grpo.loss.grpo_math import grpo_loss
 
     config = build_config(setting.config)
-    mode, regions = (HalfFake() if fake else None), Regions()
+    mode, regions = (Measuring(buffer_bytes) if fake else None), Regions()
     ledger = Ledger(regions)
     policy = build_policy(config, setting, mode)
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
@@ -536,7 +611,11 @@ def measure_step(setting: StepSetting, fake: bool = True) -> StepMeasurement:
         flops["optimizer"] = count.get_total_flops()
     model_inputs, _ = packed_or_plain(policy, config, inputs, setting.shared_prefix, regions)
     return StepMeasurement(
-        ledger.peaks, flops, inputs["prompt_tokens"], int(model_inputs["input_ids"].numel())
+        ledger.peaks,
+        flops,
+        inputs["prompt_tokens"],
+        int(model_inputs["input_ids"].numel()),
+        mode.fake_buffers if mode is not None else 0,
     )
 
 
