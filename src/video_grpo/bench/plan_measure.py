@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -169,23 +168,6 @@ class Ledger(TorchDispatchMode):
             self.phase.by_kind = {k: v for k, v in self.totals.items() if v}
 
 
-class OnceAskedFakeMode(FakeTensorMode):
-    """A FakeTensorMode that asks whether a GPU could be initialised once, when it is made, not at every entry.
-
-    HalfFake enters its fake mode once or twice per operator, and each entry asks ``torch.cuda.is_available()``.
-    Once DeepSpeed is imported (it sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1``), that question tries to load NVML
-    each time: on this CPU machine about 0.18 ms of CPU per entry (0.03 without it), the same answer every time.
-    The answer is what the mode would have computed at its first entry."""
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self._avoid_device_init = FakeTensorMode.avoid_device_init.fget(self)
-
-    @property
-    def avoid_device_init(self) -> bool:  # type: ignore[override]
-        return self._avoid_device_init
-
-
 class Measuring(HalfFake):
     """:class:`HalfFake` with one more rule for the measured step: a new tensor whose values nothing gave it (an
     ``empty``/``zeros``/``full`` buffer, or one ``*_like`` another) and that holds over :data:`BUFFER_BYTES` is made
@@ -201,7 +183,6 @@ class Measuring(HalfFake):
     def __init__(self, buffer_bytes: int | None = None) -> None:
         super().__init__()
         self.buffer_bytes = buffer_bytes
-        self.fake = OnceAskedFakeMode(allow_non_fake_inputs=True)
         self.fake_buffers = 0  # how many buffers this rule made fake
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
