@@ -62,7 +62,7 @@ def perf(quick: bool) -> None:
         model_dir = build_tiny_model(work / "tiny")
         vision_rows_per_step(model_dir, work)
         step_time(work, steps=1 if quick else 6)
-        sample_prep(work, repeats=3 if quick else 10)
+        sample_prep(work, repeats=3 if quick else 10, preset="superfast" if quick else None)
         data_wait(model_dir, work, steps=8 if quick else 24)
         peak_memory(work, quick)
         if not quick:
