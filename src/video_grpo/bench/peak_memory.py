@@ -75,12 +75,15 @@ def in_fresh_process(module: str, function: str, setting: dict, threads: int | N
     On the CPU the process is forked from a server that has imported :data:`PRELOAD` and done nothing else (the
     ``forkserver`` start method), so every side starts from that one state without paying the imports again; a
     CUDA side, or any side with ``VIDEO_GRPO_BENCH_FRESH=spawn``, starts a new interpreter. ``threads``: the side's
-    intra-op thread count (default: what a new interpreter would take, ``OMP_NUM_THREADS`` or the cores)."""
+    intra-op thread count (default: what a new interpreter would take, ``OMP_NUM_THREADS`` or the cores).
+
+    As with any ``multiprocessing`` start method but fork, a script run as ``python script.py`` that calls this must
+    keep its work under ``if __name__ == "__main__":`` (the side imports the script first); the ``python -m
+    video_grpo.bench...`` commands do."""
     cuda = str(setting.get("device", "cpu")).startswith("cuda")
     if cuda or os.environ.get(FRESH_PROCESS_ENV) == "spawn":
         return _in_new_interpreter(module, function, setting, threads)
     import multiprocessing
-    from multiprocessing.connection import wait
 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(PRELOAD))  # read when the server starts: the first call
@@ -90,8 +93,10 @@ def in_fresh_process(module: str, function: str, setting: dict, threads: int | N
     process = context.Process(target=_forked_side, args=(module, function, setting, threads, sender))
     process.start()
     sender.close()
-    wait([receiver, process.sentinel])  # the result, or the process gone without one
-    ok, result = receiver.recv() if receiver.poll() else (False, "it ended without a result")
+    try:
+        ok, result = receiver.recv()
+    except EOFError:  # the process ended without sending one (killed, or it failed before the call)
+        ok, result = False, "it ended without a result (its stderr says why)"
     process.join()
     if not ok:
         raise RuntimeError(
