@@ -1,7 +1,7 @@
 """Perf row ``peak_memory_lora_beta``: peak RSS of a LoRA run with a KL term (beta > 0) vs without, each side
-in a fresh process (:func:`~video_grpo.bench.peak_memory.in_fresh_process`: on the CPU forked from a server that has
-only imported the libraries, so both peaks include the same imports, as two new interpreters' did); the reference
-model is the base with the adapter off, not a copy.
+in a fresh process (:func:`~video_grpo.bench.peak_memory.in_fresh_process`: a new interpreter; ``--quick`` forks
+both from a server that has only imported the libraries, whose peaks then read ~300 MB lower on both sides); the
+reference model is the base with the adapter off, not a copy.
 
 What the row tells apart is the weights: a reference copy would add the model's ~430 MB (fp32) to the
 beta > 0 side only. ``--quick`` feeds shorter prompts (2 frames of at most 112x112, about 4x fewer positions),

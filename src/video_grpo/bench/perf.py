@@ -48,6 +48,7 @@ from video_grpo.bench.emit import emit
 from video_grpo.bench.encode_once import encoder_scaling, step_time, vision_rows_per_step
 from video_grpo.bench.frame_cache_rows import sample_prep
 from video_grpo.bench.lora_memory import peak_memory
+from video_grpo.bench.peak_memory import fresh_processes
 
 
 def perf(quick: bool) -> None:
@@ -57,7 +58,9 @@ def perf(quick: bool) -> None:
 
     hf_logging.set_verbosity_error()
     torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as tmp:
+    # --quick forks its fresh-process sides from one preloaded server (the imports paid once, not per side); the full
+    # run starts a new interpreter per side, as its published numbers were measured (peak_memory.in_fresh_process)
+    with tempfile.TemporaryDirectory() as tmp, fresh_processes("forkserver" if quick else "spawn"):
         work = Path(tmp)
         model_dir = build_tiny_model(work / "tiny")
         vision_rows_per_step(model_dir, work)
