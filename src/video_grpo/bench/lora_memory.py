@@ -1,5 +1,7 @@
 """Perf row ``peak_memory_lora_beta``: peak RSS of a LoRA run with a KL term (beta > 0) vs without, each side
-in a fresh process; the reference model is the base with the adapter off, not a copy.
+in a fresh process (:func:`~video_grpo.bench.peak_memory.in_fresh_process`: a new interpreter; ``--quick`` forks
+both from a server that has only imported the libraries, whose peaks then read ~300 MB lower on both sides); the
+reference model is the base with the adapter off, not a copy.
 
 What the row tells apart is the weights: a reference copy would add the model's ~430 MB (fp32) to the
 beta > 0 side only. ``--quick`` feeds shorter prompts (2 frames of at most 112x112, about 4x fewer positions),
@@ -11,29 +13,30 @@ import contextlib
 import json
 import os
 import resource
-import subprocess
 import sys
 from pathlib import Path
 
 from video_grpo.bench.emit import emit
+from video_grpo.bench.peak_memory import in_fresh_process
 from video_grpo.bench.perf_trainer import build_trainer, sample_dataset
 
 
-def _peak_rss_child(model_dir: str, beta: float, out_dir: str, quick: bool = False) -> None:
+def peak_rss_side(setting: dict) -> dict:
+    """One side's LoRA run in this process (a fresh one, :func:`peak_memory`), its peak resident set back."""
     from peft import LoraConfig
 
     from video_grpo.data.video import SamplingConfig
 
     sampling = None  # sample_dataset's default: up to 16 frames
-    if quick:
+    if setting["quick"]:
         sampling = SamplingConfig(
             fps=1.0, min_frames=2, max_frames=2, min_pixels=784, max_pixels=112 * 112, max_tokens=512
         )
     trainer = build_trainer(
-        model_dir,
-        out_dir,
+        setting["model_dir"],
+        setting["out_dir"],
         sample_dataset(sampling),
-        beta=beta,
+        beta=setting["beta"],
         per_device_train_batch_size=4,
         num_generations=4,
         steps_per_generation=1,
@@ -43,7 +46,7 @@ def _peak_rss_child(model_dir: str, beta: float, out_dir: str, quick: bool = Fal
     )
     with contextlib.redirect_stdout(sys.stderr):
         trainer.train()
-    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def peak_memory(work: Path, quick: bool = False) -> None:
@@ -54,22 +57,19 @@ def peak_memory(work: Path, quick: bool = False) -> None:
     )
     params = json.loads((model_dir / "tiny_model_info.json").read_text())["parameters"]
     peaks = {}
+    # two threads unless the caller set a count: the test suite's workers run one thread each on two cores, and
+    # two OpenMP threads per side beside the other worker oversubscribe them (spinning threads burn CPU)
+    threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
     for beta in (0.04, 0.0):
-        code = (
-            "import sys; from video_grpo.bench.lora_memory import _peak_rss_child; "
-            f"_peak_rss_child({str(model_dir)!r}, {beta}, {str(work / f'lora-{beta}')!r}, {quick})"
-        )
-        # two threads unless the caller set a count: the test suite's workers run one thread each on two cores, and
-        # two OpenMP threads per child beside the other worker oversubscribe them (spinning threads burn CPU)
-        threads = os.environ.get("OMP_NUM_THREADS", "2")
-        result = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "OMP_NUM_THREADS": threads},
-        )
-        peaks[beta] = json.loads(result.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+        setting = {
+            "model_dir": str(model_dir),
+            "beta": beta,
+            "out_dir": str(work / f"lora-{beta}"),
+            "quick": quick,
+        }
+        peaks[beta] = in_fresh_process("video_grpo.bench.lora_memory", "peak_rss_side", setting, threads)[
+            "peak_rss_mb"
+        ]
     emit(
         "peak_memory_lora_beta",
         peaks[0.04],
