@@ -10,11 +10,9 @@ DEMO_OUT := outputs/demo
 
 install: $(STAMP)
 
-# --no-compile: pip would byte-compile every installed module (torch's CUDA build alone is thousands); Python writes
-# the .pyc of a module the first time it is imported instead. 180 -> 111 CPU s for this install (6 December).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --no-compile -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
 tiny: $(TINY)/config.json
