@@ -37,6 +37,7 @@ from pathlib import Path
 
 from video_grpo.bench import learning_runs as runs
 from video_grpo.bench.emit import emit_row
+from video_grpo.bench.fork_server import reaped_fork_server
 from video_grpo.bench.learning_runs import FULL, QUICK, SUITE, cold_start
 
 
@@ -81,22 +82,6 @@ WORKER_MODULES = (
     "transformers.models.qwen2_vl.video_processing_qwen2_vl",
     "transformers.models.qwen2_vl.image_processing_qwen2_vl",
 )
-
-
-@contextlib.contextmanager
-def _reaped_forkserver():
-    """Stop the forkserver when the pool is done and wait for it, so that it and the workers it forked are this
-    process's waited-for children: their CPU time is in the process tree's (``/usr/bin/time``, a parent's
-    ``RUSAGE_CHILDREN``), as spawn's workers' was. Left running, the server would exit with this process,
-    unreaped, and its CPU would drop out of those figures. ``_stop`` is how CPython 3.11 stops it (its tests use it)."""
-    from multiprocessing import forkserver
-
-    try:
-        yield
-    finally:
-        server = getattr(forkserver, "_forkserver", None)
-        if server is not None and hasattr(server, "_stop"):
-            server._stop()
 
 
 def _sft_start(work: Path, data: Path, budget, answer_only: bool) -> Path:
@@ -198,7 +183,7 @@ def run(
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(WORKER_MODULES))
     with (
-        _reaped_forkserver(),
+        reaped_fork_server(),  # its and its workers' CPU stays in this process tree's
         ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_setup) as pool,
     ):
         start_job = pool.submit(_sft_start, work, data, budget, False)

@@ -10,6 +10,8 @@ import time
 
 import torch
 
+from video_grpo.bench.fork_server import stop_fork_server
+
 
 class PeakMemory:
     """Memory a block adds at its peak over what was resident when it started (CUDA: allocated; CPU: RSS)."""
@@ -107,7 +109,7 @@ def in_fresh_process(module: str, function: str, setting: dict, threads: int | N
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(PRELOAD))  # read when the server starts: the first call
     if not _server_stopped_at_exit:
-        _server_stopped_at_exit.append(atexit.register(_stop_fork_server))
+        _server_stopped_at_exit.append(atexit.register(stop_fork_server))
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(target=_forked_side, args=(module, function, setting, threads, sender))
     process.start()
@@ -125,16 +127,6 @@ def in_fresh_process(module: str, function: str, setting: dict, threads: int | N
 
 
 _server_stopped_at_exit: list = []
-
-
-def _stop_fork_server() -> None:
-    """Wait for the fork server at exit: no server outlives the benchmark, and its sides' CPU time counts in this
-    process's children (``time``, the test suite's accounting), as a new interpreter's did."""
-    from multiprocessing import forkserver
-
-    stop = getattr(forkserver._forkserver, "_stop", None)  # private, in CPython since 3.4
-    if stop is not None:
-        stop()
 
 
 def _forked_side(module: str, function: str, setting: dict, threads: int | None, sender) -> None:
