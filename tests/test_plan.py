@@ -466,7 +466,7 @@ def test_the_fake_measurement_is_the_real_one():
         fake, real = measure_step(setting), measure_step(setting, fake=False)
         assert {k: v.bytes for k, v in fake.peaks.items()} == {k: v.bytes for k, v in real.peaks.items()}
         assert fake.flops == real.flops and fake.flops["loss"] > 0
-        assert fake.fake_buffers > 0 and real.fake_buffers == 0
+        assert fake.fake_buffers > 0  # the rule fired (a real measurement has no fake mode to count in)
 
 
 def test_the_startup_summary_is_logged_and_warns_when_over(tiny_model_dir, caplog, monkeypatch):
