@@ -71,7 +71,7 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
     # DeepSpeed's Muon kernels compiled on their first call (never, without Muon), not when its ZeRO optimizer
     # imports them: 2.5 CPU s a rank (video_grpo.runtime.deepspeed_imports)
     if training_args.deepspeed_plugin is not None:
-        defer_muon_compile()
+        logger.debug(f"DeepSpeed's Muon compile deferred: {defer_muon_compile()}")
     trainer = build_trainer(script_args, training_args, model_args)
     on_cuda = trainer.accelerator.device.type == "cuda"
     if training_args.process_index == 0 and wanted(script_args.plan_check, on_cuda):

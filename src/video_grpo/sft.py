@@ -116,7 +116,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     training_args.remove_unused_columns = False  # rows carry frames and metadata for the collator
     training_args.dataset_kwargs = {**(training_args.dataset_kwargs or {}), "skip_prepare_dataset": True}
     if training_args.deepspeed_plugin is not None:  # Muon's kernels compiled on first use, not at import
-        defer_muon_compile()
+        logger.debug(f"DeepSpeed's Muon compile deferred: {defer_muon_compile()}")
     trainer = VideoSFTTrainer(
         model=model_args.model_name_or_path,
         args=training_args,

@@ -75,7 +75,9 @@ def compile_on_first_call(group: list[CompiledOnFirstCall]) -> Callable:
 def defer_muon_compile() -> bool:
     """Import DeepSpeed's Muon module with its ``torch.compile`` calls deferred to their first call (see the module
     docstring); call it before the trainer builds the DeepSpeed engine. Whether it did: not when switched off, when
-    the module is already imported, or when this DeepSpeed has none."""
+    the module is already imported, or when this DeepSpeed has no Muon module (a ``ModuleNotFoundError`` for that
+    module or a package above it). Any other import error of the Muon module (a dependency of it missing, a name
+    it imports gone) is raised: it is a broken DeepSpeed, not one without Muon."""
     if os.environ.get(ENV, "1") == "0" or any(name in sys.modules for name in MUON_MODULES):
         return False
     import torch
@@ -84,8 +86,16 @@ def defer_muon_compile() -> bool:
     torch.compile = compile_on_first_call([])
     try:
         importlib.import_module(MUON_MODULES[1])
-    except ImportError:  # a DeepSpeed without Muon: nothing to defer
-        return False
+    except ModuleNotFoundError as err:
+        if err.name not in _packages_of(MUON_MODULES[1]):
+            raise
+        return False  # a DeepSpeed without Muon (or none at all): nothing to defer
     finally:
         torch.compile = original
     return True
+
+
+def _packages_of(module: str) -> set[str]:
+    """``a.b.c`` -> ``{"a", "a.b", "a.b.c"}``: the names whose absence means ``module`` is absent."""
+    parts = module.split(".")
+    return {".".join(parts[: i + 1]) for i in range(len(parts))}
