@@ -1,15 +1,21 @@
-"""DeepSpeed's Muon kernels compiled on their first call (video_grpo.runtime.deepspeed_imports).
+"""DeepSpeed start-up work our runs never use (video_grpo.runtime.deepspeed_imports).
 
 Muon's kernels compiled on their first call: checked on stand-in modules with a recording ``torch.compile`` (nothing
 compiles at import, the first call compiles every function of the group with its own options, the compiled
 functions replace the stand-ins in the modules' globals), and once on the installed DeepSpeed in a fresh process
 (inductor not imported by the deferred import; the real deferred functions traced by Dynamo on their first call,
 with a recording backend instead of inductor, and equal to the same functions run eagerly).
+
+The CPU shared-memory comm op not built: on the installed DeepSpeed in a fresh process with an empty
+``TORCH_EXTENSIONS_DIR``, a real ``deepspeed.init_distributed`` after the hook builds nothing; switched off, the hook
+leaves DeepSpeed's own ``build_shm_op``; the entry points call it before their arguments are parsed, and only for a
+run that uses DeepSpeed.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import types
@@ -21,6 +27,7 @@ import torch
 from video_grpo.runtime import deepspeed_imports
 from video_grpo.runtime.deepspeed_imports import (
     compile_on_first_call,
+    deepspeed_requested,
     defer_muon_compile,
 )
 
@@ -178,3 +185,84 @@ def test_with_real_deepspeed_inductor_is_not_imported_until_muon_runs():
     lines = run_fresh(DEFERRED_COMPILE)
     assert lines[-3:-1] == ["inductor imported: False", "inductor imported by a torch.compile: True"]
     assert lines[-1].startswith("graphs: ") and int(lines[-1].split()[-1]) >= 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SHM_COMM = """
+import importlib, os
+import deepspeed
+from video_grpo.runtime.deepspeed_imports import SHM_ENV, skip_cpu_shm_comm_build
+module = importlib.import_module("deepspeed.comm.torch")
+own = module.build_shm_op
+assert own.__module__ == "deepspeed.comm.torch" and own.__qualname__ == "build_shm_op"
+os.environ[SHM_ENV] = "1"
+assert skip_cpu_shm_comm_build() is False and module.build_shm_op is own  # switched off: DeepSpeed's own
+del os.environ[SHM_ENV]
+assert skip_cpu_shm_comm_build() is True and module.build_shm_op is not own
+deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)  # constructs TorchBackend
+comm = importlib.import_module("deepspeed.comm.comm")  # its global cdb: what init_distributed made
+print("backend:", type(comm.cdb).__name__, comm.get_world_size(), comm.cdb.shm_comm_op)
+comm.destroy_process_group()
+"""
+
+
+def test_cpu_shm_comm_op_not_built(tmp_path):
+    """On the CPU accelerator, with an empty extensions folder: after the hook, DeepSpeed's ``init_distributed``
+    (a one-process gloo group) constructs its ``TorchBackend`` without ``shm_comm_op`` and builds nothing (without
+    the hook it JIT-builds ``deepspeed_shm_comm`` there: 85 CPU s). Switched off, the hook leaves DeepSpeed's
+    own ``build_shm_op`` (not called here: that is the 85 s build)."""
+    extensions = tmp_path / "torch_extensions"
+    extensions.mkdir()
+    env = {"DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(extensions), "MASTER_ADDR": "127.0.0.1"}
+    env |= {"MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    lines = run_fresh(SHM_COMM, {**env, "VIDEO_GRPO_CPU_SHM_COMM": "0"})
+    assert lines[-1] == "backend: TorchBackend 1 None"
+    assert list(extensions.iterdir()) == []  # no deepspeed_shm_comm folder, nothing else either
+
+
+def test_deepspeed_requested(tmp_path, monkeypatch):
+    """What the entry points read before parsing: the launch's environment, a flag, the recipe's field."""
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
+    plain, with_field = tmp_path / "plain.yaml", tmp_path / "ds.yaml"
+    plain.write_text("learning_rate: 1.0e-6\n")
+    with_field.write_text("deepspeed: configs/ds.json\n")
+    assert not deepspeed_requested(["--config", str(plain), "--output_dir", "x"])
+    assert deepspeed_requested(["--config", str(with_field)])
+    assert deepspeed_requested([f"--config={with_field}"])
+    assert deepspeed_requested(["--config", str(plain), "--deepspeed", "ds.json"])
+    assert deepspeed_requested(["--deepspeed=ds.json"])
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert deepspeed_requested(["--config", str(plain)])
+
+
+@pytest.mark.parametrize("entry_name", ["video_grpo.grpo", "video_grpo.sft"])
+def test_entry_points_skip_it_before_parsing(entry_name, monkeypatch):
+    """``grpo`` and ``sft`` call the hook before their training arguments are built (whose ``__post_init__``
+    makes the distributed state), and only for a DeepSpeed run: a plain run imports no DeepSpeed for it."""
+    import importlib
+
+    entry = importlib.import_module(entry_name)
+    calls: list[str] = []
+
+    class RecordingParser:
+        def __init__(self, dataclasses):
+            pass
+
+        def parse_args_and_config(self, args):
+            calls.append("parse")
+            return args
+
+    monkeypatch.setattr(entry, "TrlParser", RecordingParser)
+    monkeypatch.setattr(entry, "skip_cpu_shm_comm_build", lambda: calls.append("skip") or True)
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
+    entry.parse_args(["--output_dir", "x"])
+    assert calls == ["parse"]
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    calls.clear()
+    entry.parse_args(["--output_dir", "x"])
+    assert calls == ["skip", "parse"]
