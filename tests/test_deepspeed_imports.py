@@ -38,7 +38,7 @@ def run_fresh(code: str, env: dict[str, str] | None = None) -> list[str]:
     """``code`` in a fresh Python (this tree's ``src`` first on the path); its stdout's lines."""
     environment = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")])),
         **(env or {}),
     }
     result = subprocess.run(
@@ -213,9 +213,9 @@ comm.destroy_process_group()
 
 def test_cpu_shm_comm_op_not_built(tmp_path):
     """On the CPU accelerator, with an empty extensions folder: after the hook, DeepSpeed's ``init_distributed``
-    (a one-process gloo group) constructs its ``TorchBackend`` without ``shm_comm_op`` and builds nothing (without
-    the hook it JIT-builds ``deepspeed_shm_comm`` there: 85 CPU s). Switched off, the hook leaves DeepSpeed's
-    own ``build_shm_op`` (not called here: that is the 85 s build)."""
+    (a one-process gloo group) constructs its ``TorchBackend`` without ``shm_comm_op`` and builds nothing (this
+    process without the hook built ``deepspeed_shm_comm`` there: 102 CPU s, ``shm_comm_op`` the built module).
+    Switched off, the hook leaves DeepSpeed's own ``build_shm_op`` (not called here: that is the build)."""
     extensions = tmp_path / "torch_extensions"
     extensions.mkdir()
     env = {"DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(extensions), "MASTER_ADDR": "127.0.0.1"}
