@@ -1,4 +1,5 @@
-"""DeepSpeed's Muon kernels compiled when first called, not when DeepSpeed imports them.
+"""DeepSpeed start-up work our runs never use: its Muon kernels compiled when first called, not when DeepSpeed
+imports them (:func:`defer_muon_compile`), and its CPU shared-memory comm op never built (:func:`skip_cpu_shm_comm_build`).
 
 DeepSpeed 0.19's ZeRO optimizers (stages 1-3) import ``deepspeed.runtime.zero.muon.muon_optimizer`` for an
 ``isinstance`` check whatever the run's optimizer is. That module's ``original_muon`` decorates three functions
@@ -11,6 +12,18 @@ use TRL's AdamW).
 while it does: each decorated function is ``torch.compile``'d with the same arguments when the first of them is called, so a run
 that uses Muon compiles the same kernels (on its first step instead of at import), and one that does not never
 imports inductor for them. ``VIDEO_GRPO_DEFER_MUON_COMPILE=0`` switches it off (DeepSpeed's own import then).
+
+:func:`skip_cpu_shm_comm_build`: on DeepSpeed's CPU accelerator (our CPU twins, ``make demo``, the launched tests)
+``deepspeed.init_distributed`` constructs ``deepspeed.comm.torch.TorchBackend``, whose ``__init__`` calls the module's
+``build_shm_op()`` (DeepSpeed 0.19.8: ``deepspeed/comm/torch.py`` lines 47 and 207). That JIT-builds the C++ op
+``deepspeed_shm_comm`` the first time in a Python environment (about 85-100 CPU s on this 2-core machine, paid by
+the first launched test of every fresh clone: a one-process ``init_distributed`` with an empty extensions folder
+took 102 CPU s with it, 3.6 without) and loads it after (0.1 s). The op serves one thing only:
+``TorchBackend.inference_all_reduce`` (torch.py line 292, called by DeepSpeed inference's tensor-parallel layers
+in ``deepspeed/module_inject/layers.py``), which without it takes its own fallback, ``torch.distributed.all_reduce``
+(torch.py lines 293-304: ``torch.ops.deepspeed.inference_all_reduce_`` is registered only by that op). ZeRO training's
+collectives (all_reduce, all_gather, reduce_scatter...) go through ``torch.distributed`` whatever it holds, so a
+training run computes the same with or without it. ``VIDEO_GRPO_CPU_SHM_COMM=1`` builds it as DeepSpeed does.
 """
 
 from __future__ import annotations
@@ -25,6 +38,8 @@ from typing import Any
 
 ENV = "VIDEO_GRPO_DEFER_MUON_COMPILE"  # "0": leave DeepSpeed's import (and compile at import) as it is
 MUON_MODULES = ("deepspeed.runtime.zero.muon.original_muon", "deepspeed.runtime.zero.muon.muon_optimizer")
+SHM_ENV = "VIDEO_GRPO_CPU_SHM_COMM"  # "1": build DeepSpeed's CPU shared-memory comm op, as DeepSpeed does
+SHM_MODULE = "deepspeed.comm.torch"  # its TorchBackend.__init__ calls this module's build_shm_op()
 
 
 class CompiledOnFirstCall:
@@ -75,7 +90,9 @@ def compile_on_first_call(group: list[CompiledOnFirstCall]) -> Callable:
 def defer_muon_compile() -> bool:
     """Import DeepSpeed's Muon module with its ``torch.compile`` calls deferred to their first call (see the module
     docstring); call it before the trainer builds the DeepSpeed engine. Whether it did: not when switched off, when
-    the module is already imported, or when this DeepSpeed has none."""
+    the module is already imported, or when this DeepSpeed has no Muon module (a ``ModuleNotFoundError`` for that
+    module or a package above it). Any other import error of the Muon module (a dependency of it missing, a name
+    it imports gone) is raised: it is a broken DeepSpeed, not one without Muon."""
     if os.environ.get(ENV, "1") == "0" or any(name in sys.modules for name in MUON_MODULES):
         return False
     import torch
@@ -84,8 +101,70 @@ def defer_muon_compile() -> bool:
     torch.compile = compile_on_first_call([])
     try:
         importlib.import_module(MUON_MODULES[1])
-    except ImportError:  # a DeepSpeed without Muon: nothing to defer
-        return False
+    except ModuleNotFoundError as err:
+        if err.name not in _packages_of(MUON_MODULES[1]):
+            raise
+        return False  # a DeepSpeed without Muon (or none at all): nothing to defer
     finally:
         torch.compile = original
+    return True
+
+
+def _packages_of(module: str) -> set[str]:
+    """``a.b.c`` -> ``{"a", "a.b", "a.b.c"}``: the names whose absence means ``module`` is absent."""
+    parts = module.split(".")
+    return {".".join(parts[: i + 1]) for i in range(len(parts))}
+
+
+def no_shm_op() -> None:
+    """Stands in for ``deepspeed.comm.torch.build_shm_op``: no shared-memory op, as on a platform DeepSpeed builds
+    none for; ``TorchBackend`` then keeps ``shm_comm_op = None`` (see the module docstring)."""
+    return None
+
+
+def deepspeed_requested(args: list[str]) -> bool:
+    """Whether this run will use DeepSpeed, from what exists before its arguments are parsed: an ``accelerate
+    launch`` with a DeepSpeed config (``ACCELERATE_USE_DEEPSPEED``), a ``--deepspeed`` flag, or a ``deepspeed`` field
+    in the ``--config`` YAML. Reads no DeepSpeed module."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        return True
+    if any(arg == "--deepspeed" or arg.startswith("--deepspeed=") for arg in args):
+        return True
+    config = None
+    for i, arg in enumerate(args):
+        if arg == "--config" and i + 1 < len(args):
+            config = args[i + 1]
+        elif arg.startswith("--config="):
+            config = arg.split("=", 1)[1]
+    if config is None or not os.path.isfile(config):
+        return False
+    import yaml
+
+    with open(config, encoding="utf-8") as file:
+        recipe = yaml.safe_load(file)
+    return isinstance(recipe, dict) and bool(recipe.get("deepspeed"))
+
+
+def skip_cpu_shm_comm_build() -> bool:
+    """On DeepSpeed's CPU accelerator, make ``deepspeed.comm.torch.build_shm_op`` return None (:func:`no_shm_op`),
+    so that ``deepspeed.init_distributed`` neither builds nor loads the ``deepspeed_shm_comm`` op that only DeepSpeed
+    inference uses (see the module docstring). Call it before the training arguments are parsed, and only for a run
+    that uses DeepSpeed (it imports ``deepspeed.comm``): their ``__post_init__`` makes accelerate's ``PartialState``,
+    which calls ``init_distributed`` itself on a GPU. On the CPU (our twins, with or without ``use_cpu``; parse_args
+    measured to call no ``build_shm_op``) it makes a gloo group of its own, and ``TorchBackend`` comes later, with
+    ``deepspeed.initialize`` or ZeRO-3's ``zero.Init``. Whether it did:
+    not when ``VIDEO_GRPO_CPU_SHM_COMM=1``, on another accelerator, or without DeepSpeed installed."""
+    if os.environ.get(SHM_ENV, "0") == "1":
+        return False
+    try:  # by name: `import deepspeed.comm.torch as m` gives torch itself (deepspeed.comm re-exports it)
+        module = importlib.import_module(SHM_MODULE)
+    except ModuleNotFoundError as err:
+        if err.name not in _packages_of(SHM_MODULE):
+            raise
+        return False
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() != "cpu":
+        return False
+    module.build_shm_op = no_shm_op  # TorchBackend.__init__ reads the module global when it runs
     return True
