@@ -24,11 +24,11 @@ REPO = Path(__file__).resolve().parents[1]
 # The planner's disk cache (video_grpo.plan.cache) in the checkout, not the user's home: a fresh clone plans cold, as
 # CI does, and the tests never read or write what the user's own planner calls kept.
 os.environ.setdefault("VIDEO_GRPO_PLAN_CACHE", str(REPO / "outputs" / "plan-cache"))
-# DeepSpeed's JIT ops (the shm comm op every launched rank loads; DeepSpeedCPUAdam in the offload test) are built in a
-# folder of this Python environment's own. Their build commands name the environment's paths, so two environments
-# sharing torch's default folder (a fresh clone's .venv and the main checkout's) rebuild each other's ops whenever
-# they alternate: cpu_adam alone costs 170-330 CPU seconds a build on this machine, paid inside whichever launched
-# test loads it next. A set TORCH_EXTENSIONS_DIR is kept.
+# DeepSpeed's JIT ops (DeepSpeedCPUAdam in the offload test; not the CPU shm comm op, which
+# runtime/deepspeed_imports.py skips) are built in a folder of this Python environment's own. Their build commands
+# name the environment's paths, so two environments sharing torch's default folder (a fresh clone's .venv and the
+# main checkout's) rebuild each other's ops whenever they alternate: cpu_adam alone costs 170-330 CPU seconds a
+# build on this machine, paid inside whichever launched test loads it next. A set TORCH_EXTENSIONS_DIR is kept.
 if "TORCH_EXTENSIONS_DIR" not in os.environ:
     _environment = hashlib.sha1(sys.prefix.encode()).hexdigest()[:12]
     os.environ["TORCH_EXTENSIONS_DIR"] = str(

@@ -26,9 +26,11 @@ import torch
 
 from video_grpo.runtime import deepspeed_imports
 from video_grpo.runtime.deepspeed_imports import (
+    before_parsing,
     compile_on_first_call,
     deepspeed_requested,
     defer_muon_compile,
+    recipe_of,
 )
 
 SRC = str(Path(deepspeed_imports.__file__).resolve().parents[2])
@@ -200,6 +202,9 @@ from video_grpo.runtime.deepspeed_imports import SHM_ENV, skip_cpu_shm_comm_buil
 module = importlib.import_module("deepspeed.comm.torch")
 own = module.build_shm_op
 assert own.__module__ == "deepspeed.comm.torch" and own.__qualname__ == "build_shm_op"
+from deepspeed.accelerator import get_accelerator
+# DeepSpeed's own build_shm_op would build it here (else shm_comm_op is None with or without the hook)
+assert get_accelerator().create_op_builder("ShareMemCommBuilder").is_compatible()
 os.environ[SHM_ENV] = "1"
 assert skip_cpu_shm_comm_build() is False and module.build_shm_op is own  # switched off: DeepSpeed's own
 del os.environ[SHM_ENV]
@@ -226,18 +231,41 @@ def test_cpu_shm_comm_op_not_built(tmp_path):
 
 
 def test_deepspeed_requested(tmp_path, monkeypatch):
-    """What the entry points read before parsing: the launch's environment, a flag, the recipe's field."""
+    """What the entry points read before parsing: the launch's environment, a flag, the recipe's field (the recipe
+    read as TrlParser reads it: the first ``--config``)."""
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
     plain, with_field = tmp_path / "plain.yaml", tmp_path / "ds.yaml"
     plain.write_text("learning_rate: 1.0e-6\n")
     with_field.write_text("deepspeed: configs/ds.json\n")
-    assert not deepspeed_requested(["--config", str(plain), "--output_dir", "x"])
-    assert deepspeed_requested(["--config", str(with_field)])
-    assert deepspeed_requested([f"--config={with_field}"])
-    assert deepspeed_requested(["--config", str(plain), "--deepspeed", "ds.json"])
-    assert deepspeed_requested(["--deepspeed=ds.json"])
+    for args, wanted in (
+        (["--config", str(plain), "--output_dir", "x"], False),
+        (["--config", str(with_field)], True),
+        (["--config", str(plain), "--config", str(with_field)], False),  # TrlParser reads the first
+        (["--config", str(plain), "--deepspeed", "ds.json"], True),
+        (["--deepspeed=ds.json"], True),
+        (["--output_dir", "x"], False),
+    ):
+        assert deepspeed_requested(args, recipe_of(args)) is wanted, args
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    assert deepspeed_requested(["--config", str(plain)])
+    assert deepspeed_requested(["--config", str(plain)], recipe_of(["--config", str(plain)]))
+
+
+def test_the_recipes_env_block_is_set_before_the_hook(tmp_path, monkeypatch):
+    """A recipe's ``env:`` reaches the hook (here its switch), as TrlParser would set it before the config is
+    built; without DeepSpeed nothing is imported for it."""
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
+    monkeypatch.delenv(deepspeed_imports.SHM_ENV, raising=False)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"deepspeed: ds.json\nenv:\n  {deepspeed_imports.SHM_ENV}: 1\n")
+    assert before_parsing(["--config", str(recipe)]) is False  # switched off by the recipe
+    assert os.environ[deepspeed_imports.SHM_ENV] == "1"
+    monkeypatch.delenv(deepspeed_imports.SHM_ENV)
+    skipped: list[bool] = []
+    monkeypatch.setattr(deepspeed_imports, "skip_cpu_shm_comm_build", lambda: skipped.append(True) or True)
+    recipe.write_text("learning_rate: 1.0e-6\n")
+    assert before_parsing(["--config", str(recipe)]) is False and skipped == []  # not a DeepSpeed run
+    recipe.write_text("deepspeed: ds.json\n")
+    assert before_parsing(["--config", str(recipe)]) is True and skipped == [True]
 
 
 @pytest.mark.parametrize("entry_name", ["video_grpo.grpo", "video_grpo.sft"])
@@ -258,7 +286,7 @@ def test_entry_points_skip_it_before_parsing(entry_name, monkeypatch):
             return args
 
     monkeypatch.setattr(entry, "TrlParser", RecordingParser)
-    monkeypatch.setattr(entry, "skip_cpu_shm_comm_build", lambda: calls.append("skip") or True)
+    monkeypatch.setattr(deepspeed_imports, "skip_cpu_shm_comm_build", lambda: calls.append("skip") or True)
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
     entry.parse_args(["--output_dir", "x"])
     assert calls == ["parse"]

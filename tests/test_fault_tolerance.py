@@ -278,6 +278,8 @@ def test_decode_compile_true_under_zero3_without_gathering_fails_before_the_mode
     ds3_gather_for_generation cannot compile the decode step, so decode_compile: true is refused before loading."""
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    # parse_args would patch DeepSpeed's comm module for the rest of this worker (skip_cpu_shm_comm_build)
+    monkeypatch.setenv("VIDEO_GRPO_CPU_SHM_COMM", "1")
     recipe = write_recipe(tmp_path, decode_compile="true", ds3_gather_for_generation=False)
     import video_grpo.grpo as entry
 

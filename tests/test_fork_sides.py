@@ -5,7 +5,6 @@ torch), not the benchmark's libraries."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 
 import pytest
@@ -47,7 +46,7 @@ def test_the_server_is_stopped_and_waited_for(light_fork_server):
     from multiprocessing import forkserver
 
     pid = forkserver._forkserver._forkserver_pid  # the private names stop_fork_server relies on
-    assert pid is not None and multiprocessing.active_children() == []
+    assert pid is not None
     fork_server.stop_fork_server()
     with pytest.raises(ChildProcessError):  # already reaped: its CPU is in this process's RUSAGE_CHILDREN
         os.waitpid(pid, os.WNOHANG)

@@ -95,9 +95,15 @@ def two_process_launcher(*entry: str) -> tuple[str, ...]:
 CPU_ENV = {**ENV, "ACCELERATE_USE_CPU": "true"}  # what accelerate launch sets for use_cpu: true
 
 
-def launch(*args, **kwargs) -> subprocess.CompletedProcess:
+def launch(*args, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """:func:`launch_command` run to its end; ``env``: added to :data:`ENV` for this launch."""
     return subprocess.run(
-        launch_command(*args, **kwargs), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900
+        launch_command(*args, **kwargs),
+        cwd=REPO,
+        env={**ENV, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
 
 
@@ -193,10 +199,16 @@ def test_accelerate_launch_trains_and_saves(family_model, tmp_path, config, stag
         )
         data = ("--train_file", str(annotations), "--video_root", str(videos), *BAD_VIDEOS)
     cli = extra == PLAN_CHECK  # one launch through the `accelerate` command itself (launch_command)
-    result = launch(config, tiny_model_dir, out, *extra, *data, recipe=recipe, entry=entry, cli=cli)
+    # The ZeRO-2 launch JIT-builds into an empty extensions folder: DeepSpeed's CPU shm comm op must not be built
+    # there (video_grpo.runtime.deepspeed_imports.skip_cpu_shm_comm_build; without it this launch builds it, 85 CPU s)
+    extensions = tmp_path / "torch_extensions"
+    env = {"TORCH_EXTENSIONS_DIR": str(extensions)} if cli else None
+    result = launch(config, tiny_model_dir, out, *extra, *data, recipe=recipe, entry=entry, cli=cli, env=env)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-5000:]
     check_trained_run(out, log, tiny_model_dir, stage, extra)
+    if cli:
+        assert not (extensions / "deepspeed_shm_comm").exists(), sorted(extensions.iterdir())
     if data:
         # bad videos were drawn, each replaced (with its reason logged) and counted, and the run finished
         assert "replaced a bad sample" in log

@@ -28,11 +28,7 @@ from video_grpo.loss.guidance import check_guided_template
 from video_grpo.plan.startup import check_plan, decode_cache_tokens, fit_run, log_startup_plan
 from video_grpo.rewards.functions import recipe_reader, resolve_reward_funcs
 from video_grpo.runtime.checkpoints import last_complete_checkpoint
-from video_grpo.runtime.deepspeed_imports import (
-    deepspeed_requested,
-    defer_muon_compile,
-    skip_cpu_shm_comm_build,
-)
+from video_grpo.runtime.deepspeed_imports import before_parsing, defer_muon_compile, shm_comm_build_skipped
 from video_grpo.runtime.distributed import end_run, exit_process
 from video_grpo.runtime.memory_check import install_plan_check, wanted
 from video_grpo.trainer import VideoGRPOTrainer
@@ -76,6 +72,7 @@ def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args
     # imports them: 2.5 CPU s a rank (video_grpo.runtime.deepspeed_imports)
     if training_args.deepspeed_plugin is not None:
         logger.debug(f"DeepSpeed's Muon compile deferred: {defer_muon_compile()}")
+        logger.debug(f"DeepSpeed's CPU shm comm op build skipped: {shm_comm_build_skipped()}")
     trainer = build_trainer(script_args, training_args, model_args)
     on_cuda = trainer.accelerator.device.type == "cuda"
     if training_args.process_index == 0 and wanted(script_args.plan_check, on_cuda):
@@ -219,9 +216,8 @@ def build_trainer(
 def parse_args(args: list[str] | None = None) -> tuple[GRPOScriptArguments, GRPOConfig, ModelConfig]:
     args = current_flag_names(args)
     # DeepSpeed's CPU shared-memory comm op (inference only) not built: 85 CPU s the first time in an environment.
-    # Before GRPOConfig is built: its __post_init__ makes the distributed state (video_grpo.runtime.deepspeed_imports)
-    if deepspeed_requested(args):
-        logger.debug(f"DeepSpeed's CPU shm comm op skipped: {skip_cpu_shm_comm_build()}")
+    # Before the config is built: its __post_init__ may make the distributed state (runtime.deepspeed_imports)
+    before_parsing(args)
     parser = TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig))
     return parser.parse_args_and_config(args)
 

@@ -24,11 +24,7 @@ from video_grpo.data.dataset import build_datasets
 from video_grpo.inputs.families import ModelFamily, family_of_model
 from video_grpo.inputs.processing import KeepVideoDtype, encode_rows, video_token_types
 from video_grpo.rewards.answers import ANSWER_DECIMALS, render_solution
-from video_grpo.runtime.deepspeed_imports import (
-    deepspeed_requested,
-    defer_muon_compile,
-    skip_cpu_shm_comm_build,
-)
+from video_grpo.runtime.deepspeed_imports import before_parsing, defer_muon_compile, shm_comm_build_skipped
 from video_grpo.runtime.distributed import end_run, exit_process
 
 logger = logging.getLogger(__name__)
@@ -121,6 +117,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     training_args.dataset_kwargs = {**(training_args.dataset_kwargs or {}), "skip_prepare_dataset": True}
     if training_args.deepspeed_plugin is not None:  # Muon's kernels compiled on first use, not at import
         logger.debug(f"DeepSpeed's Muon compile deferred: {defer_muon_compile()}")
+        logger.debug(f"DeepSpeed's CPU shm comm op build skipped: {shm_comm_build_skipped()}")
     trainer = VideoSFTTrainer(
         model=model_args.model_name_or_path,
         args=training_args,
@@ -140,8 +137,9 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
 
 def parse_args(args: list[str] | None = None):
     args = current_flag_names(args)
-    if deepspeed_requested(args):  # before SFTConfig makes the distributed state: no CPU shm comm op build
-        logger.debug(f"DeepSpeed's CPU shm comm op skipped: {skip_cpu_shm_comm_build()}")
+    # DeepSpeed's CPU shared-memory comm op (inference only) not built: 85 CPU s the first time in an environment.
+    # Before the config is built: its __post_init__ may make the distributed state (runtime.deepspeed_imports)
+    before_parsing(args)
     return TrlParser((SFTScriptArguments, SFTConfig, ModelConfig)).parse_args_and_config(args)
 
 

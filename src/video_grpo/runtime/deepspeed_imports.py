@@ -19,11 +19,13 @@ imports inductor for them. ``VIDEO_GRPO_DEFER_MUON_COMPILE=0`` switches it off (
 ``deepspeed_shm_comm`` the first time in a Python environment (about 85-100 CPU s on this 2-core machine, paid by
 the first launched test of every fresh clone: a one-process ``init_distributed`` with an empty extensions folder
 took 102 CPU s with it, 3.6 without) and loads it after (0.1 s). The op serves one thing only:
-``TorchBackend.inference_all_reduce`` (torch.py line 292, called by DeepSpeed inference's tensor-parallel layers
-in ``deepspeed/module_inject/layers.py``), which without it takes its own fallback, ``torch.distributed.all_reduce``
-(torch.py lines 293-304: ``torch.ops.deepspeed.inference_all_reduce_`` is registered only by that op). ZeRO training's
-collectives (all_reduce, all_gather, reduce_scatter...) go through ``torch.distributed`` whatever it holds, so a
-training run computes the same with or without it. ``VIDEO_GRPO_CPU_SHM_COMM=1`` builds it as DeepSpeed does.
+``TorchBackend.inference_all_reduce`` (torch.py line 292, called by the tensor-parallel layers of
+``deepspeed/module_inject/layers.py``, DeepSpeed inference's and AutoTP's), which without it takes its own fallback,
+``torch.distributed.all_reduce`` (torch.py lines 293-304: ``torch.ops.deepspeed.inference_all_reduce_`` is
+registered only by that op). ZeRO's collectives (all_reduce, all_gather, reduce_scatter...) go through
+``torch.distributed`` whatever it holds, so a ZeRO run (ours; we use no AutoTP) computes the same with or without
+it. ``VIDEO_GRPO_CPU_SHM_COMM=1`` builds it as DeepSpeed does (in the environment or the recipe's ``env:`` block:
+:func:`before_parsing` sets that block first).
 """
 
 from __future__ import annotations
@@ -122,27 +124,49 @@ def no_shm_op() -> None:
     return None
 
 
-def deepspeed_requested(args: list[str]) -> bool:
+def recipe_of(args: list[str]) -> dict:
+    """The ``--config`` YAML mapping as ``TrlParser.parse_args_and_config`` will read it (the first ``--config``,
+    then its path); empty without one. A file that is missing or not a mapping is left for the parser to report."""
+    if "--config" not in args or args.index("--config") + 1 >= len(args):
+        return {}
+    path = args[args.index("--config") + 1]
+    if not os.path.isfile(path):
+        return {}
+    import yaml
+
+    with open(path, encoding="utf-8") as file:
+        recipe = yaml.safe_load(file)
+    return recipe if isinstance(recipe, dict) else {}
+
+
+def deepspeed_requested(args: list[str], recipe: dict) -> bool:
     """Whether this run will use DeepSpeed, from what exists before its arguments are parsed: an ``accelerate
     launch`` with a DeepSpeed config (``ACCELERATE_USE_DEEPSPEED``), a ``--deepspeed`` flag, or a ``deepspeed`` field
-    in the ``--config`` YAML. Reads no DeepSpeed module."""
+    in the recipe. Reads no DeepSpeed module."""
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
         return True
     if any(arg == "--deepspeed" or arg.startswith("--deepspeed=") for arg in args):
         return True
-    config = None
-    for i, arg in enumerate(args):
-        if arg == "--config" and i + 1 < len(args):
-            config = args[i + 1]
-        elif arg.startswith("--config="):
-            config = arg.split("=", 1)[1]
-    if config is None or not os.path.isfile(config):
-        return False
-    import yaml
+    return bool(recipe.get("deepspeed"))
 
-    with open(config, encoding="utf-8") as file:
-        recipe = yaml.safe_load(file)
-    return isinstance(recipe, dict) and bool(recipe.get("deepspeed"))
+
+def before_parsing(args: list[str]) -> bool:
+    """What ``grpo`` and ``sft`` run before their ``TrlParser``: the recipe's ``env:`` block set first, as the
+    parser sets it (it sets the same values again), so that DeepSpeed, which :func:`skip_cpu_shm_comm_build`
+    imports, and the switch see what the run will see; then, for a DeepSpeed run, that hook. Whether it skipped
+    the build."""
+    recipe = recipe_of(args)
+    env = recipe.get("env", {})
+    for key, value in env.items() if isinstance(env, dict) else ():
+        os.environ[key] = str(value)
+    return deepspeed_requested(args, recipe) and skip_cpu_shm_comm_build()
+
+
+def shm_comm_build_skipped() -> bool:
+    """Whether this process's DeepSpeed comm module holds :func:`no_shm_op` (for the run's log, written once
+    logging is set up, after parsing)."""
+    module = sys.modules.get(SHM_MODULE)
+    return module is not None and getattr(module, "build_shm_op", None) is no_shm_op
 
 
 def skip_cpu_shm_comm_build() -> bool:
@@ -150,9 +174,10 @@ def skip_cpu_shm_comm_build() -> bool:
     so that ``deepspeed.init_distributed`` neither builds nor loads the ``deepspeed_shm_comm`` op that only DeepSpeed
     inference uses (see the module docstring). Call it before the training arguments are parsed, and only for a run
     that uses DeepSpeed (it imports ``deepspeed.comm``): their ``__post_init__`` makes accelerate's ``PartialState``,
-    which calls ``init_distributed`` itself on a GPU. On the CPU (our twins, with or without ``use_cpu``; parse_args
-    measured to call no ``build_shm_op``) it makes a gloo group of its own, and ``TorchBackend`` comes later, with
-    ``deepspeed.initialize`` or ZeRO-3's ``zero.Init``. Whether it did:
+    which calls ``init_distributed`` itself on a GPU, and on a launched CPU rank without ``use_cpu``. With
+    ``use_cpu`` (our twins; parse_args measured to call no ``build_shm_op``) it makes a gloo group of its own, and
+    ``TorchBackend`` comes later, with ``deepspeed.initialize`` or ZeRO-3's ``zero.Init``. It imports DeepSpeed, which
+    picks its accelerator then: :func:`before_parsing` sets the recipe's ``env:`` block first. Whether it did:
     not when ``VIDEO_GRPO_CPU_SHM_COMM=1``, on another accelerator, or without DeepSpeed installed."""
     if os.environ.get(SHM_ENV, "0") == "1":
         return False
