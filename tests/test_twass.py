@@ -179,13 +179,15 @@ def test_invariant_under_a_common_shift_and_under_splitting_into_touching_pieces
 @given(
     truth=span_set,
     length=st.integers(1, 40),
-    near=st.integers(0, 400),
-    further=st.integers(1, 400),
+    near=st.integers(0, 300),
+    further=st.integers(1, 300),
     right=st.booleans(),
 )
 def test_of_two_disjoint_predictions_the_nearer_gets_more(truth, length, near, further, right):
     """Two predictions of the same length on the same side of every true span, one ``further`` quarters
-    further away: both score above 0, the nearer more."""
+    further away: both score above 0, the nearer more. Within float64: exp(-W1/L) is 0.0 past W1/L of about 745
+    (found by hypothesis: a 0.25 s truth and a 0.25 s prediction 186 s before it), so the gaps stay under 600
+    quarters, which keeps W1/L under about 620 for the smallest truth (one quarter)."""
     lo, hi = min(s for s, _ in truth), max(e for _, e in truth)
 
     def placed(gap: int) -> list[tuple[float, float]]:
