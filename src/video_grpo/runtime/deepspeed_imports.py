@@ -38,6 +38,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from video_grpo.runtime.launch_env import deepspeed_launch
+
 ENV = "VIDEO_GRPO_DEFER_MUON_COMPILE"  # "0": leave DeepSpeed's import (and compile at import) as it is
 MUON_MODULES = ("deepspeed.runtime.zero.muon.original_muon", "deepspeed.runtime.zero.muon.muon_optimizer")
 SHM_ENV = "VIDEO_GRPO_CPU_SHM_COMM"  # "1": build DeepSpeed's CPU shared-memory comm op, as DeepSpeed does
@@ -143,7 +145,7 @@ def deepspeed_requested(args: list[str], recipe: dict) -> bool:
     """Whether this run will use DeepSpeed, from what exists before its arguments are parsed: an ``accelerate
     launch`` with a DeepSpeed config (``ACCELERATE_USE_DEEPSPEED``), a ``--deepspeed`` flag, or a ``deepspeed`` field
     in the recipe. Reads no DeepSpeed module."""
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+    if deepspeed_launch():
         return True
     if any(arg == "--deepspeed" or arg.startswith("--deepspeed=") for arg in args):
         return True

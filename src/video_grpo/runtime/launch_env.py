@@ -7,12 +7,16 @@ import json
 import os
 
 
+def deepspeed_launch() -> bool:
+    """Whether ``accelerate launch`` started this process with a DeepSpeed config."""
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
 def launch_from_environment() -> dict:
     """The launch as ``accelerate launch`` describes it to its processes (environment variables)."""
-    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     return {
         "num_processes": int(os.environ.get("WORLD_SIZE", "1")),
-        "zero_stage": _zero_stage_from_environment() if deepspeed else 0,
+        "zero_stage": _zero_stage_from_environment() if deepspeed_launch() else 0,
         "offload_optimizer": os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none")
         != "none",
         "offload_params": os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", "none") != "none",
